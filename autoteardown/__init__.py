@@ -1,0 +1,58 @@
+"""autoteardown: make unmodified ML training scripts end cleanly.
+
+`import autoteardown` is all it takes. Nothing heavy happens here: post-import
+hooks patch torch's DataLoader, wandb and Ray when (if ever) they are imported,
+and the exit engine finalizes what they recorded before the libraries' own
+exit hooks run.
+
+Where things are:
+  integrations/<name>.py  where a library is patched and its resources recorded
+  registry.py             the weak registry of live resources
+  engine.py               the exit engine: order, deadline, SIGTERM, fork safety
+  config.py               the AUTOTEARDOWN_* environment variables
+"""
+
+import sys
+
+from . import config, engine, importhook, integrations, registry
+
+__all__ = ["install", "uninstall", "finalize", "live"]
+__version__ = "0.1.0"
+
+
+def install():
+    """Patch each enabled integration when its library is imported (at once if it
+    already is). Idempotent: a second import, a reload or a second call patches once."""
+    if config.DISABLE:
+        return
+    for name, modules in integrations.TRIGGERS.items():
+        if name in config.DISABLED_INTEGRATIONS:
+            continue
+        for module in modules:
+            importhook.register(module, integrations.hook_name(name))
+
+
+def uninstall():
+    """Restore every patched original and stop watching imports."""
+    importhook.clear()
+    for name in integrations.TRIGGERS:
+        module = sys.modules.get(f"autoteardown.integrations.{name}")
+        if module is not None:
+            module.unpatch()
+    engine.disarm()
+
+
+def finalize(timeout=None):
+    """Finalize every recorded resource now (what the exit hook calls). Never raises."""
+    engine.finalize(timeout)
+
+
+def live():
+    """What is recorded now: {kind: [objects]} for the resources still alive."""
+    result = {}
+    for kind, obj in registry.live():
+        result.setdefault(kind, []).append(obj)
+    return result
+
+
+install()

@@ -1,0 +1,269 @@
+"""The exit engine: one place that finalizes every recorded resource, in order,
+within a deadline, however the process ends.
+
+Why it runs before torch's, wandb's and Ray's own exit hooks: atexit runs
+last-in-first-out, and those libraries register their hooks after we are
+imported (torch when torch.utils.data is imported, wandb when its service
+starts, Ray at import and in ray.init). So atexit cannot put us first. We use
+`threading._register_atexit` instead: CPython calls those functions from
+`threading._shutdown()`, which `Py_FinalizeEx` runs before *any* atexit
+callback (it is how concurrent.futures stops its workers). They run after an
+uncaught exception's traceback is printed (`sys.last_value` is set) and
+before non-daemon threads are joined. Where it is missing we fall back to
+atexit.
+
+Signals: SIGTERM with the default handler would end the process with no
+cleanup at all, so while it is still the default we install a handler that
+finalizes and then dies of the same signal (same exit status). A handler the
+user or a library installed is left alone: it decides, and a normal exit
+still comes through here. SIGINT stays Python's KeyboardInterrupt.
+
+Each finalizer runs in a helper thread, so a hung one cannot hang the exit:
+it gets its share of the time left and is then abandoned (the thread is a
+daemon). Errors are logged as one line, never raised.
+"""
+
+import os
+import signal
+import sys
+import time
+import _thread
+
+from . import config, log, registry
+
+_kinds = []              # (order, kind, finalize_one, after_all, in_child), sorted by order
+_lock = _thread.RLock()
+_running = False         # a finalize() is under way in this process
+_armed_pid = None        # pid in which the exit hook and signal handler were set up
+_signal_received = None  # signum, when our signal handler started the exit
+_exit_requested = None   # the argument of the last sys.exit() call
+_original_sys_exit = None
+_sigterm_installed = False
+
+
+def register_kind(kind, order, finalize_one, after_all=None, in_child=None):
+    """Declare how to finalize resources of `kind`.
+
+    finalize_one(obj, timeout): finalize one live object, within `timeout` seconds.
+    after_all(timeout): run once after the kind's objects (e.g. wandb.teardown).
+    in_child(obj): called in a fork child for each object the parent had, so the
+    child never touches it.
+    """
+    with _lock:
+        _kinds[:] = [k for k in _kinds if k[1] != kind]
+        _kinds.append((order, kind, finalize_one, after_all, in_child))
+        _kinds.sort(key=lambda k: k[0])
+
+
+def arm():
+    """Set up the exit hook, the SIGTERM handler and exit-code tracking (once per process).
+
+    Called by the integrations when they patch, so a process that never imports
+    torch, wandb or ray pays nothing for them.
+    """
+    global _armed_pid
+    with _lock:
+        if _armed_pid == os.getpid():
+            return
+        _armed_pid = os.getpid()
+    try:
+        import threading
+
+        threading._register_atexit(_on_exit)
+    except Exception:  # not CPython >= 3.9, or already shutting down
+        import atexit
+
+        atexit.register(_on_exit)
+        log.debug("threading._register_atexit unavailable; using atexit")
+    _track_sys_exit()
+    _install_sigterm_handler()
+
+
+def finalize(timeout=None):
+    """Finalize every live resource now, in order, within `timeout` seconds
+    (default AUTOTEARDOWN_TIMEOUT). Safe to call more than once: what was
+    finalized is forgotten. Never raises."""
+    global _running
+    with _lock:
+        if _running:
+            return
+        _running = True
+    try:
+        _finalize(config.TIMEOUT if timeout is None else timeout)
+    except BaseException:
+        log.debug_exception("finalize failed")
+    finally:
+        _running = False
+
+
+def _finalize(timeout):
+    started = time.monotonic()
+    deadline = started + timeout
+    steps = []
+    with _lock:
+        kinds = list(_kinds)
+    for _, kind, finalize_one, after_all, _ in kinds:
+        objs = registry.live(kind)
+        for obj in objs:
+            registry.forget(obj)
+            steps.append((f"{kind} {_describe(obj)}", finalize_one, (obj,)))
+        if after_all is not None and objs:
+            steps.append((f"{kind} (after all)", after_all, ()))
+    for index, (label, func, args) in enumerate(steps):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            log.warning("deadline of %gs reached; not finalized: %s",
+                        timeout, ", ".join(s[0] for s in steps[index:]))
+            break
+        budget = remaining / (len(steps) - index)
+        _run_bounded(label, func, args, budget)
+    if steps:
+        log.debug("finalized %d step(s) in %.3fs", len(steps), time.monotonic() - started)
+
+
+def _run_bounded(label, func, args, budget):
+    """Run func(*args, budget) in a helper thread and wait at most `budget` seconds."""
+    outcome = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def target():
+        try:
+            func(*args, budget)
+            outcome.append(None)
+        except BaseException as exc:  # SystemExit too: wandb.teardown can raise it
+            outcome.append(exc)
+        finally:
+            done.release()
+
+    started = time.monotonic()
+    try:
+        _thread.start_new_thread(target, ())
+        done.acquire(timeout=budget)
+    except RuntimeError:
+        # Some Python 3.12 releases (3.12.1 here) refuse new threads once shutdown has begun: run
+        # inline, with faulthandler's C watchdog (exit status 1) as the last resort.
+        import faulthandler
+
+        faulthandler.dump_traceback_later(budget + 1, exit=True)
+        try:
+            target()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    elapsed = time.monotonic() - started
+    if not outcome:
+        log.warning("%s: still running after %.1fs; left behind", label, elapsed)
+    elif outcome[0] is not None and not isinstance(outcome[0], SystemExit):
+        log.failure(label, outcome[0])
+    else:
+        log.debug("finalized %s in %.3fs", label, elapsed)
+
+
+def _describe(obj):
+    return f"{type(obj).__name__}@{id(obj):#x}"
+
+
+def _on_exit():
+    if _armed_pid != os.getpid():  # inherited through fork: the parent's business
+        return
+    finalize()
+
+
+# ---- how the process is ending ---------------------------------------------
+
+def exit_code():
+    """The status the process is about to exit with, as far as Python lets us see it,
+    and the uncaught exception if there is one: (code, exception or None)."""
+    if _signal_received is not None:
+        return 128 + _signal_received, None
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is not None:
+        return 1, exc
+    code = _exit_requested
+    if code is None:
+        return 0, None
+    if isinstance(code, int):
+        return code, None
+    return 1, None  # sys.exit("message") prints it and exits 1
+
+
+def _track_sys_exit():
+    global _original_sys_exit
+    if _original_sys_exit is not None:
+        return
+    _original_sys_exit = sys.exit
+
+    def exit(status=None):
+        global _exit_requested
+        _exit_requested = status
+        _original_sys_exit(status)
+
+    exit.__wrapped__ = _original_sys_exit
+    exit.__doc__ = _original_sys_exit.__doc__
+    sys.exit = exit
+
+
+def _install_sigterm_handler():
+    global _sigterm_installed
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            log.debug("SIGTERM already has a handler; leaving it alone")
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _sigterm_installed = True
+    except ValueError:  # not the main thread
+        log.debug("SIGTERM handler not installed: not in the main thread")
+
+
+def _on_sigterm(signum, frame):
+    global _signal_received
+    if _signal_received is None and _armed_pid == os.getpid():
+        _signal_received = signum
+        finalize()
+    # Die of the same signal, as the default handler would have.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    time.sleep(1)
+    os._exit(128 + signum)
+
+
+def disarm():
+    """Undo arm() as far as possible (the threading exit hook stays, and does nothing)."""
+    global _armed_pid, _original_sys_exit, _sigterm_installed
+    _armed_pid = None
+    if _original_sys_exit is not None and getattr(sys.exit, "__wrapped__", None) is _original_sys_exit:
+        sys.exit = _original_sys_exit
+    _original_sys_exit = None
+    if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:
+            pass
+    _sigterm_installed = False
+
+
+# ---- fork safety -------------------------------------------------------------
+
+def _after_fork_in_child():
+    """A forked child starts with no resources and never finalizes its parent's."""
+    global _running, _signal_received, _exit_requested
+    _running = False
+    _signal_received = _exit_requested = None
+    parents = registry.take_all()
+    with _lock:
+        in_child = {kind: cb for _, kind, _, _, cb in _kinds if cb is not None}
+    for kind, obj in parents:
+        callback = in_child.get(kind)
+        if callback is not None:
+            try:
+                callback(obj)
+            except Exception:
+                log.debug_exception("fork child: %s cleanup failed", kind)
+    # multiprocessing believes the parent's children (DataLoader workers) are
+    # ours, and its exit function would SIGTERM them. A fresh child has none.
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:
+        process._children.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,112 @@
+"""Post-import hooks: run a function right after a module is first imported,
+or at once if it already is.
+
+This is wrapt's `register_post_import_hook`, cut down to what autoteardown
+needs. We do not call wrapt's own: `import wrapt` pulls in asyncio and
+importlib.metadata (50 to 80 ms on wrapt 2.5), and every Python process pays
+for `import autoteardown` when it sits in a sitecustomize. wrapt is still
+what does the wrapping, imported by the integrations once their target
+library is imported and that cost no longer shows.
+
+Hooks are named as "package.module:function" strings, so an integration's
+own module is imported only when its target library is. A hook never makes
+the user's import fail: errors are logged.
+"""
+
+import sys
+import _thread
+
+from . import log
+
+_lock = _thread.RLock()
+_hooks = {}          # module name -> list of "module:function" strings
+_in_progress = set()  # names being looked up through the other finders
+
+
+def register(module_name, hook):
+    """Call `hook` ("pkg.mod:func", no arguments) once `module_name` is imported."""
+    with _lock:
+        hooks = _hooks.setdefault(module_name, [])
+        if hook in hooks:
+            return
+        hooks.append(hook)
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+    module = sys.modules.get(module_name)
+    if module is not None:
+        _call(hook, module)
+
+
+def clear():
+    """Forget every hook and take the finder off sys.meta_path."""
+    with _lock:
+        _hooks.clear()
+        if _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
+
+
+def _call(hook, module):
+    try:
+        module_name, _, function = hook.partition(":")
+        __import__(module_name)
+        getattr(sys.modules[module_name], function)()
+    except Exception:
+        log.warning("could not apply %s when %s was imported (set AUTOTEARDOWN_DEBUG=1 for details)",
+                    hook, module.__name__)
+        log.debug_exception("hook %s failed", hook)
+
+
+def _notify(module):
+    with _lock:
+        hooks = list(_hooks.get(module.__name__, ()))
+    for hook in hooks:
+        _call(hook, module)
+
+
+class _Finder:
+    """A sys.meta_path finder that finds nothing itself: for a watched module it asks
+    the other finders for the spec, then wraps the loader to call the hooks."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        with _lock:
+            if fullname not in _hooks or fullname in _in_progress:
+                return None
+            _in_progress.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader)
+                    return spec
+            return None
+        finally:
+            with _lock:
+                _in_progress.discard(fullname)
+
+
+class _Loader:
+    """Delegates to the real loader, then calls the hooks once the module has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        # Give the module its real loader back (importlib.resources and friends use it).
+        if getattr(module, "__loader__", None) in (None, self):
+            module.__loader__ = self._loader
+        if getattr(module.__spec__, "loader", None) is self:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _notify(module)
+
+
+_FINDER = _Finder()

@@ -1,0 +1,67 @@
+"""The weak registry: what is alive now, by kind ("dataloader", "wandb", "ray").
+
+It holds weak references only, so recording a resource never keeps it alive.
+It belongs to one process: a forked child starts empty, and the kinds' fork
+callbacks get the parent's objects first so they can make sure the child never
+touches them (see `forksafe`).
+"""
+
+import os
+import weakref
+import _thread
+
+_lock = _thread.RLock()
+_entries = {}      # id(obj) -> (kind, weakref to obj)
+_prune_at = 64     # dead entries are swept when the table reaches this size
+
+
+def record(kind, obj):
+    """Remember `obj` as a live resource of `kind` in this process."""
+    global _prune_at
+    ref = weakref.ref(obj)
+    with _lock:
+        _entries[id(obj)] = (kind, ref)
+        if len(_entries) >= _prune_at:
+            _prune()
+            _prune_at = max(64, 2 * len(_entries))
+
+
+def forget(obj):
+    with _lock:
+        entry = _entries.get(id(obj))
+        if entry is not None and entry[1]() is obj:
+            del _entries[id(obj)]
+
+
+def live(kind=None):
+    """The recorded objects that are still alive, oldest first."""
+    with _lock:
+        entries = list(_entries.values())
+    objs = []
+    for entry_kind, ref in entries:
+        obj = ref()
+        if obj is not None and (kind is None or entry_kind == kind):
+            objs.append((entry_kind, obj))
+    return objs if kind is None else [obj for _, obj in objs]
+
+
+def take_all():
+    """Empty the registry and return what was alive in it (used in a fork child)."""
+    with _lock:
+        entries = list(_entries.values())
+        _entries.clear()
+    return [(kind, ref()) for kind, ref in entries if ref() is not None]
+
+
+def _prune():
+    dead = [key for key, (_, ref) in _entries.items() if ref() is None]
+    for key in dead:
+        del _entries[key]
+
+
+def size():
+    """Entries held, dead ones included (for the memory benchmark)."""
+    with _lock:
+        return len(_entries)
+
+
