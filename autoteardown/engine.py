@@ -19,8 +19,9 @@ user or a library installed is left alone: it decides, and a normal exit
 still comes through here. SIGINT stays Python's KeyboardInterrupt.
 
 Each finalizer runs in a helper thread, so a hung one cannot hang the exit:
-it gets its share of the time left and is then abandoned (the thread is a
-daemon). Errors are logged as one line, never raised.
+it may use the time left but a second for each later step, and is then
+abandoned (the thread is a daemon). Errors are logged as one line, never
+raised.
 """
 
 import os
@@ -79,30 +80,32 @@ def arm():
     _install_sigterm_handler()
 
 
-def finalize(timeout=None):
-    """Finalize every live resource now, in order, within `timeout` seconds
-    (default AUTOTEARDOWN_TIMEOUT). Safe to call more than once: what was
-    finalized is forgotten. Never raises."""
+def finalize(timeout=None, kinds=None):
+    """Finalize every live resource now (or only those of `kinds`), in order,
+    within `timeout` seconds (default AUTOTEARDOWN_TIMEOUT). Safe to call more
+    than once: what was finalized is forgotten. Never raises."""
     global _running
     with _lock:
         if _running:
             return
         _running = True
     try:
-        _finalize(config.TIMEOUT if timeout is None else timeout)
+        _finalize(config.TIMEOUT if timeout is None else timeout, kinds)
     except BaseException:
         log.debug_exception("finalize failed")
     finally:
         _running = False
 
 
-def _finalize(timeout):
+def _finalize(timeout, only):
     started = time.monotonic()
     deadline = started + timeout
     steps = []
     with _lock:
         kinds = list(_kinds)
     for _, kind, finalize_one, after_all, _ in kinds:
+        if only is not None and kind not in only:
+            continue
         objs = registry.live(kind)
         for obj in objs:
             registry.forget(obj)
@@ -115,7 +118,10 @@ def _finalize(timeout):
             log.warning("deadline of %gs reached; not finalized: %s",
                         timeout, ", ".join(s[0] for s in steps[index:]))
             break
-        budget = remaining / (len(steps) - index)
+        # A step may take all the time left but a second for each step after
+        # it (never less than its fair share), so one hung step cannot starve the rest.
+        left = len(steps) - index
+        budget = max(remaining / left, remaining - (left - 1) * 1.0)
         _run_bounded(label, func, args, budget)
     if steps:
         log.debug("finalized %d step(s) in %.3fs", len(steps), time.monotonic() - started)
