@@ -25,7 +25,6 @@ raised.
 """
 
 import os
-import signal
 import sys
 import time
 import _thread
@@ -211,6 +210,8 @@ def _track_sys_exit():
 
 def _install_sigterm_handler():
     global _sigterm_installed
+    import signal  # not at import time: it costs more than all of autoteardown
+
     try:
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             log.debug("SIGTERM already has a handler; leaving it alone")
@@ -223,6 +224,8 @@ def _install_sigterm_handler():
 
 def _on_sigterm(signum, frame):
     global _signal_received
+    import signal
+
     if _signal_received is None and _armed_pid == os.getpid():
         _signal_received = signum
         finalize()
@@ -240,6 +243,8 @@ def disarm():
     if _original_sys_exit is not None and getattr(sys.exit, "__wrapped__", None) is _original_sys_exit:
         sys.exit = _original_sys_exit
     _original_sys_exit = None
+    import signal
+
     if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

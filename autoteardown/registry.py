@@ -6,9 +6,8 @@ callbacks get the parent's objects first so they can make sure the child never
 touches them (see `forksafe`).
 """
 
-import os
-import weakref
 import _thread
+from _weakref import ref  # the C module: `weakref` would cost more than the rest of us
 
 _lock = _thread.RLock()
 _entries = {}      # id(obj) -> (kind, weakref to obj)
@@ -18,9 +17,9 @@ _prune_at = 64     # dead entries are swept when the table reaches this size
 def record(kind, obj):
     """Remember `obj` as a live resource of `kind` in this process."""
     global _prune_at
-    ref = weakref.ref(obj)
+    weak = ref(obj)
     with _lock:
-        _entries[id(obj)] = (kind, ref)
+        _entries[id(obj)] = (kind, weak)
         if len(_entries) >= _prune_at:
             _prune()
             _prune_at = max(64, 2 * len(_entries))
