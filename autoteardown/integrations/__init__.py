@@ -15,3 +15,31 @@ TRIGGERS = {
 
 def hook_name(integration):
     return f"autoteardown.integrations.{integration}:patch"
+
+
+def version_tuple(text):
+    """'2.13.0+cpu' -> (2, 13, 0); good enough for range checks on release numbers."""
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = len(piece) - len(piece.lstrip("0123456789"))
+        if not digits:
+            break
+        parts.append(int(piece[:digits]))
+        if digits < len(piece):  # '0rc1': a pre-release of 0
+            break
+    return tuple(parts)
+
+
+def check_version(distribution, minimum, below=None):
+    """None when the installed `distribution` is within [minimum, below), else the reason."""
+    import importlib.metadata
+
+    try:
+        found = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None  # not installed: nothing will be imported, nothing to patch
+    version = version_tuple(found)
+    if version < version_tuple(minimum) or (below and version >= version_tuple(below)):
+        wanted = f">={minimum}" + (f",<{below}" if below else "")
+        return f"{distribution} {found} is not supported (need {wanted})"
+    return None

@@ -16,6 +16,7 @@ import sys
 import time
 
 from .. import engine, log, registry
+from . import check_version
 
 KIND = "dataloader"
 ORDER = 10
@@ -32,7 +33,15 @@ def get_version():
     return getattr(torch, "__version__", None)
 
 
+def unsupported_reason():
+    return check_version("torch", "2.0") or check_version("torchdata", "0.8")
+
+
 def patch():
+    reason = unsupported_reason()
+    if reason:
+        log.warning_once("%s; DataLoader workers are left alone", reason)
+        return
     import wrapt
 
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child)
