@@ -8,14 +8,15 @@ import pytest
 from helpers import finish, noise, run, start, tracebacks, wait_for_line, wait_gone
 
 
-@pytest.mark.parametrize("mode, status", [("normal", 0), ("exit3", 3), ("raise", 1)])
+@pytest.mark.parametrize("mode, status", [("normal", 0), ("exit3", 3), ("raise", 1),
+                                          ("interrupt", -signal.SIGINT)])
 def test_workers_shut_down_cleanly(mode, status):
     result = run("dataloader_job.py", mode)
     assert result.returncode == status, result
     assert "killed by signal" not in result.stderr, result
     assert noise(result.stderr) == [], result
     # Only the user's own traceback, when there is one.
-    assert tracebacks(result.stderr) == (1 if mode == "raise" else 0), result
+    assert tracebacks(result.stderr) == (1 if mode in ("raise", "interrupt") else 0), result
     if mode == "raise":
         assert "ValueError: the user's own error" in result.stderr
     assert len(result.pids()) == 4

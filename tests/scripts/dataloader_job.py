@@ -1,12 +1,13 @@
 """An unmodified training script tail: DataLoader and StatefulDataLoader with live
-workers at exit. Usage: dataloader_job.py MODE  (normal, exit3, raise, sigterm,
-fork, hang)."""
+workers at exit. Usage: dataloader_job.py MODE  (normal, exit3, raise, interrupt,
+sigterm, fork, faults)."""
 
 import atexit
 import os
 import sys
 import time
 
+import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -22,8 +23,8 @@ class Numbers(Dataset):
 
 def kill_children_late():
     # Registered after torch's hook, as Ray does: children die late in the exit.
-    import psutil
-
+    # (psutil is imported up front: a first import inside an atexit hook after an
+    # uncaught KeyboardInterrupt makes CPython exit 1 instead of dying of SIGINT.)
     for child in psutil.Process().children():
         child.kill()
     time.sleep(0.3)
@@ -44,6 +45,8 @@ if mode == "exit3":
     sys.exit(3)
 if mode == "raise":
     raise ValueError("the user's own error")
+if mode == "interrupt":
+    raise KeyboardInterrupt
 if mode == "sigterm":
     print("READY", flush=True)
     while True:  # mid-epoch
