@@ -7,7 +7,7 @@ import os
 
 from . import log
 
-INTEGRATIONS = ("torch", "wandb", "ray")
+INTEGRATIONS = ("torch", "distributed", "tensorboard", "wandb", "ray")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")

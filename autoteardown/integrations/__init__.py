@@ -8,6 +8,8 @@ is, through the post-import hooks set up by `autoteardown.install()`.
 
 TRIGGERS = {
     "torch": ("torch.utils.data", "torchdata.stateful_dataloader"),
+    "distributed": ("torch.distributed",),
+    "tensorboard": ("torch.utils.tensorboard", "tensorboardX"),
     "wandb": ("wandb",),
     "ray": ("ray",),
 }
