@@ -16,7 +16,7 @@ import sys
 
 from . import config, engine, importhook, integrations, registry
 
-__all__ = ["install", "uninstall", "finalize", "live"]
+__all__ = ["install", "uninstall", "finalize", "live", "ray_runtime_env_hook"]
 __version__ = "0.1.0"
 
 
@@ -53,6 +53,14 @@ def live():
     for kind, obj in registry.live():
         result.setdefault(kind, []).append(obj)
     return result
+
+
+def ray_runtime_env_hook(runtime_env):
+    """For RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: every Ray job's
+    workers get autoteardown (py_modules) and install it (worker_process_setup_hook)."""
+    from .integrations.ray import runtime_env_hook
+
+    return runtime_env_hook(runtime_env)
 
 
 install()
