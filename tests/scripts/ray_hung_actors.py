@@ -1,0 +1,47 @@
+"""Actors whose teardown hangs, ended with __ray_terminate__ (plain and through
+.options()), next to one that is left running. Usage: ray_hung_actors.py WORKERS
+(inherit: workers get whatever the driver's environment gives them; off: the shim
+is disabled in the actors; runtime_env: the actors get autoteardown through
+py_modules + worker_process_setup_hook, as documented)."""
+
+import os
+import sys
+import time
+
+import psutil
+import ray
+
+workers = sys.argv[1]
+package = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "autoteardown"))
+job_env = {"py_modules": [package], "worker_process_setup_hook": "autoteardown.install"}
+ray.init(num_cpus=2, include_dashboard=False, runtime_env=job_env if workers == "runtime_env" else None)
+env = {"env_vars": {"AUTOTEARDOWN_DISABLE": "1"}} if workers == "off" else {}
+
+
+@ray.remote(num_cpus=0, runtime_env=env)
+class Hangs:
+    def __init__(self):
+        import atexit
+
+        atexit.register(time.sleep, 1000)  # interpreter teardown never ends
+
+    def pid(self):
+        return os.getpid()
+
+
+first, second, bystander = Hangs.remote(), Hangs.remote(), Hangs.remote()
+pids = ray.get([first.pid.remote(), second.pid.remote()])
+bystander_pid = ray.get(bystander.pid.remote())
+print("PIDS:", *pids)
+print("BYSTANDER:", bystander_pid, flush=True)
+first.__ray_terminate__.remote()
+second.__ray_terminate__.options(name="stop").remote()
+sent = time.monotonic()
+while time.monotonic() - sent < float(os.environ.get("WATCH_S", "8")):
+    time.sleep(0.1)
+    gone = [pid for pid in pids if not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"]
+    if len(gone) == len(pids):
+        break
+print("GONE_AFTER:", round(time.monotonic() - sent, 2))
+print("ALIVE:", *[pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"])
+print("BYSTANDER_ALIVE:", psutil.pid_exists(bystander_pid), flush=True)

@@ -1,0 +1,89 @@
+"""Ray: terminated actors really end; actors' resources are finalized in-band.
+
+Each script starts its own local Ray (num_cpus=2, no dashboard) in a subprocess;
+every actor pid a script reports is killed at the end of the test.
+"""
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import kill_pids, run, wait_gone
+
+GRACE = 5.0
+
+
+def reported(result, tag):
+    match = re.search(rf"^{tag}:(.*)$", result.stdout, re.M)
+    assert match, result
+    return match.group(1).split()
+
+
+@pytest.fixture
+def cleanup():
+    pids = []
+    yield pids
+    kill_pids(pids)
+
+
+@pytest.mark.parametrize("workers, shim", [
+    ("off", True),           # the driver's reaper alone
+    ("runtime_env", False),  # the actors' own watchdog alone, shipped through the job runtime_env
+])
+def test_hung_actors_end_within_the_grace_period(workers, shim, cleanup):
+    result = run("ray_hung_actors.py", workers, shim=shim, timeout=120)
+    cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
+    assert result.returncode == 0, result
+    assert reported(result, "ALIVE") == [], result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2, result
+    assert reported(result, "BYSTANDER_ALIVE") == ["True"], result  # only the intended pids
+
+
+def test_hung_actors_stay_alive_without_the_shim(cleanup):
+    result = run("ray_hung_actors.py", "off", shim=False, timeout=120)
+    pids = reported(result, "PIDS")
+    cleanup += [int(p) for p in pids + reported(result, "BYSTANDER")]
+    assert sorted(reported(result, "ALIVE")) == sorted(pids), result
+
+
+def test_the_reaper_never_kills_a_reused_pid():
+    from autoteardown.integrations.ray import _kill_if_same_process
+
+    before = time.time() - 1
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        # Created after the terminate request: a reused pid, not the actor.
+        assert _kill_if_same_process(stranger.pid, not_after=before) is False
+        # Old enough, but not a Ray worker.
+        assert _kill_if_same_process(stranger.pid, not_after=time.time() + 1) is False
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_runtime_env_hook_adds_the_shim_and_chains_what_was_there(monkeypatch):
+    from autoteardown import ray_runtime_env_hook
+
+    env = ray_runtime_env_hook(None)
+    assert env["worker_process_setup_hook"] == "autoteardown.install"
+    assert env["py_modules"][0].endswith("autoteardown")
+    assert ray_runtime_env_hook(env) == env  # applying it twice changes nothing
+
+    env = ray_runtime_env_hook({"worker_process_setup_hook": "mypkg.setup", "py_modules": ["/x/mypkg"],
+                                "env_vars": {"A": "1"}})
+    assert env["worker_process_setup_hook"] == "autoteardown.integrations.ray.setup_hook"
+    assert env["env_vars"] == {"A": "1", "AUTOTEARDOWN_NEXT_SETUP_HOOK": "mypkg.setup"}
+    assert env["py_modules"][0] == "/x/mypkg" and len(env["py_modules"]) == 2
+
+    monkeypatch.setenv("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "test_ray.users_own_hook")
+    env = ray_runtime_env_hook({"pip": ["x"]})
+    assert env["env_vars"] == {"SEEN": "['pip']"} and env["pip"] == ["x"]
+    assert env["worker_process_setup_hook"] == "autoteardown.install"
+
+
+def users_own_hook(runtime_env):
+    return dict(runtime_env, env_vars={"SEEN": str(sorted(runtime_env))})
