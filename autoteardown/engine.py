@@ -12,10 +12,9 @@ uncaught exception's traceback is printed (`sys.last_value` is set) and
 before non-daemon threads are joined. Where it is missing we fall back to
 atexit.
 
-Signals: SIGTERM with the default handler would end the process with no
-cleanup at all, so while it is still the default we install a handler that
-finalizes and then dies of the same signal (same exit status). A handler the
-user or a library installed is left alone: it decides, and a normal exit
+Signals (signals.py): while SIGTERM's handler is the default we install one
+that finalizes and then dies of the same signal (same exit status). A handler
+the user or a library installed is left alone: it decides, and a normal exit
 still comes through here. SIGINT stays Python's KeyboardInterrupt.
 
 Each finalizer runs in a helper thread, so a hung one cannot hang the exit:
@@ -38,7 +37,7 @@ _armed_pid = None        # pid in which the exit hook and signal handler were se
 _signal_received = None  # signum, when our signal handler started the exit
 _exit_requested = None   # the argument of the last sys.exit() call
 _original_sys_exit = None
-_sigterm_installed = False
+_terminating = _thread.allocate_lock()  # held by whoever finalizes on SIGTERM
 
 
 def register_kind(kind, order, finalize_one, after_all=None, in_child=None):
@@ -76,7 +75,9 @@ def arm():
         atexit.register(_on_exit)
         log.debug("threading._register_atexit unavailable; using atexit")
     _track_sys_exit()
-    _install_sigterm_handler()
+    from . import signals
+
+    signals.install(_terminate)
 
 
 def finalize(timeout=None, kinds=None):
@@ -208,58 +209,40 @@ def _track_sys_exit():
     sys.exit = exit
 
 
-def _install_sigterm_handler():
-    global _sigterm_installed
-    import signal  # not at import time: it costs more than all of autoteardown
-
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            log.debug("SIGTERM already has a handler; leaving it alone")
-            return
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _sigterm_installed = True
-    except ValueError:  # not the main thread
-        log.debug("SIGTERM handler not installed: not in the main thread")
-
-
-def _on_sigterm(signum, frame):
+def _terminate(signum):
+    """SIGTERM arrived (see signals.py): finalize once, before the process dies of it."""
     global _signal_received
-    import signal
-
-    if _signal_received is None and _armed_pid == os.getpid():
+    with _lock:
+        first = _signal_received is None
         _signal_received = signum
+    if first and _armed_pid == os.getpid():
+        _terminating.acquire()  # never released: a second caller waits here to be killed
         finalize()
-    # Die of the same signal, as the default handler would have.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    time.sleep(1)
-    os._exit(128 + signum)
+    else:
+        _terminating.acquire()
 
 
 def disarm():
     """Undo arm() as far as possible (the threading exit hook stays, and does nothing)."""
-    global _armed_pid, _original_sys_exit, _sigterm_installed
+    global _armed_pid, _original_sys_exit
     _armed_pid = None
     if _original_sys_exit is not None and getattr(sys.exit, "__wrapped__", None) is _original_sys_exit:
         sys.exit = _original_sys_exit
     _original_sys_exit = None
-    import signal
-
-    if _sigterm_installed and signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except ValueError:
-            pass
-    _sigterm_installed = False
+    if "autoteardown.signals" in sys.modules:
+        sys.modules["autoteardown.signals"].uninstall()
 
 
 # ---- fork safety -------------------------------------------------------------
 
 def _after_fork_in_child():
     """A forked child starts with no resources and never finalizes its parent's."""
-    global _running, _signal_received, _exit_requested
+    global _running, _signal_received, _exit_requested, _terminating
     _running = False
     _signal_received = _exit_requested = None
+    _terminating = _thread.allocate_lock()
+    if "autoteardown.signals" in sys.modules:
+        sys.modules["autoteardown.signals"].reset_in_child()
     parents = registry.take_all()
     with _lock:
         in_child = {kind: cb for _, kind, _, _, cb in _kinds if cb is not None}

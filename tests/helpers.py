@@ -26,6 +26,7 @@ def base_env(shim=True, **extra):
     env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     env["PYTHONWARNINGS"] = "ignore"
     env["PYTHONUNBUFFERED"] = "1"
+    env["GLOO_SOCKET_IFNAME"] = "lo"  # torch.distributed tests stay on loopback
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

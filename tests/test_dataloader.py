@@ -40,6 +40,20 @@ def test_sigterm_mid_epoch():
     assert wait_gone(pids, within=1.0) == []
 
 
+def test_sigterm_while_the_main_thread_is_stuck_in_c_code():
+    proc = start("dataloader_job.py", "stuck")
+    pids_line, _ = wait_for_line(proc, "PIDS:")
+    wait_for_line(proc, "READY")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    result = finish(proc, timeout=30)
+    assert result.returncode == -signal.SIGTERM, result
+    assert time.monotonic() - sent < 5, result
+    assert noise(result.stderr) == [] and tracebacks(result.stderr) == 0, result
+    pids = [int(p) for p in pids_line.split(":")[1].split()]
+    assert wait_gone(pids, within=1.0) == []
+
+
 def test_fork_child_exit_leaves_the_parents_workers_alone():
     result = run("dataloader_job.py", "fork")
     assert result.returncode == 0, result

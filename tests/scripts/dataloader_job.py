@@ -1,6 +1,6 @@
 """An unmodified training script tail: DataLoader and StatefulDataLoader with live
 workers at exit. Usage: dataloader_job.py MODE  (normal, exit3, raise, interrupt,
-sigterm, fork, faults)."""
+sigterm, stuck, fork, faults)."""
 
 import atexit
 import os
@@ -53,6 +53,16 @@ if mode == "sigterm":
         next(batches)
         next(stateful_batches)
         time.sleep(0.01)
+if mode == "stuck":
+    # The main thread blocks in C code (a second lock of a plain pthread mutex, as
+    # in a collective waiting for a peer): Python signal handlers cannot run.
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
+    libc.pthread_mutex_lock(mutex)
+    print("READY", flush=True)
+    libc.pthread_mutex_lock(mutex)
 if mode == "fork":
     child = os.fork()
     if child == 0:
