@@ -199,9 +199,14 @@ def _track_sys_exit():
         return
     _original_sys_exit = sys.exit
 
+    import threading
+
     def exit(status=None):
         global _exit_requested
-        _exit_requested = status
+        # Only the main thread's call ends the process: a thread that ends itself
+        # with sys.exit() (wandb.teardown() does, in our helper thread) does not.
+        if threading.current_thread() is threading.main_thread():
+            _exit_requested = status
         _original_sys_exit(status)
 
     exit.__wrapped__ = _original_sys_exit
