@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from helpers import kill_pids, run, wait_gone
+import wandb_records
+from helpers import kill_pids, noise, run, wait_gone
 
 GRACE = 5.0
 
@@ -87,3 +88,31 @@ def test_runtime_env_hook_adds_the_shim_and_chains_what_was_there(monkeypatch):
 
 def users_own_hook(runtime_env):
     return dict(runtime_env, env_vars={"SEEN": str(sorted(runtime_env))})
+
+
+def task_runner(mode, shim, tmp_path, cleanup):
+    env = {"WANDB_DIR": tmp_path, "WANDB_CACHE_DIR": tmp_path / "cache"}
+    result = run("ray_task_runner.py", mode, shim=shim, env=env, timeout=180)
+    pids = [int(p) for p in reported(result, "ACTOR") + reported(result, "CHILDREN")]
+    cleanup += pids
+    assert result.returncode == 0, result
+    files = wandb_records.run_files(tmp_path)
+    assert len(files) == 1, result
+    return result, pids, wandb_records.records(files[0])
+
+
+@pytest.mark.parametrize("mode", ["end", "terminate"])
+def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanup):
+    result, pids, records = task_runner(mode, True, tmp_path, cleanup)
+    steps = int(reported(result, "STEPS")[0])
+    assert wandb_records.history_steps(records) == list(range(steps)), result
+    assert wandb_records.exit_codes(records) == [0], result
+    assert wait_gone(pids, within=5.0) == [], result
+    assert noise(result.stderr) == [], result
+    if mode == "terminate":
+        assert reported(result, "ACTOR_GONE") == ["True"], result
+
+
+def test_task_runner_without_the_shim_keeps_no_records(tmp_path, cleanup):
+    result, pids, records = task_runner("end", False, tmp_path, cleanup)
+    assert wandb_records.history_steps(records) == [] and wandb_records.exit_codes(records) == [], result

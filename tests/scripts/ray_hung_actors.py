@@ -14,11 +14,14 @@ import ray
 workers = sys.argv[1]
 package = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "autoteardown"))
 job_env = {"py_modules": [package], "worker_process_setup_hook": "autoteardown.install"}
-ray.init(num_cpus=2, include_dashboard=False, runtime_env=job_env if workers == "runtime_env" else None)
+local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}
+ray.init(runtime_env=job_env if workers == "runtime_env" else None, **local)
 env = {"env_vars": {"AUTOTEARDOWN_DISABLE": "1"}} if workers == "off" else {}
+# HUNG_ON_NODE: a custom resource only another node of the cluster has.
+placement = {"resources": {os.environ["HUNG_ON_NODE"]: 0.01}} if os.environ.get("HUNG_ON_NODE") else {}
 
 
-@ray.remote(num_cpus=0, runtime_env=env)
+@ray.remote(num_cpus=0)
 class Hangs:
     def __init__(self):
         import atexit
@@ -29,6 +32,7 @@ class Hangs:
         return os.getpid()
 
 
+Hangs = Hangs.options(runtime_env=env, **placement)
 first, second, bystander = Hangs.remote(), Hangs.remote(), Hangs.remote()
 pids = ray.get([first.pid.remote(), second.pid.remote()])
 bystander_pid = ray.get(bystander.pid.remote())

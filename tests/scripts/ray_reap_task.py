@@ -1,0 +1,34 @@
+"""The zero-CPU task the reaper pins to another node, run against this node: it
+kills an actor that hangs after __ray_terminate__ (autoteardown itself disabled)."""
+
+import os
+import time
+
+import psutil
+import ray
+
+from autoteardown.integrations.ray import _remote_kill_on
+
+ray.init()
+
+
+@ray.remote(num_cpus=0)
+class Hangs:
+    def __init__(self):
+        import atexit
+
+        atexit.register(time.sleep, 1000)
+
+    def where(self):
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+actor = Hangs.remote()
+pid, node_id = ray.get(actor.where.remote())
+print("PIDS:", pid, flush=True)
+requested_at = time.time()
+actor.__ray_terminate__.remote()
+time.sleep(1)
+print("KILLED:", ray.get(_remote_kill_on(node_id).remote(pid, requested_at), timeout=60))
+time.sleep(0.5)
+print("ALIVE:", *[pid] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" else [], flush=True)

@@ -1,0 +1,54 @@
+"""A verl-style driver: a TaskRunner actor owns a StatefulDataLoader with workers
+and a wandb run (offline); the driver gets its result and then either simply
+ends or ends the actor with __ray_terminate__. Usage: ray_task_runner.py end|terminate
+
+Prints the actor's pid, its DataLoader workers' and wandb-core's pids, and the
+number of steps it logged."""
+
+import os
+import sys
+import time
+
+import ray
+
+STEPS = 20
+
+
+@ray.remote(num_cpus=1)
+class TaskRunner:
+    def run(self):
+        import psutil
+        import wandb
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.loader = StatefulDataLoader(list(range(1000)), batch_size=4, num_workers=2)
+        self.batches = iter(self.loader)
+        self.tracker = wandb.init(project="autoteardown-tests")
+        for step in range(STEPS):
+            next(self.batches)
+            self.tracker.log({"loss": 1.0 / (step + 1)})
+        children = [p.pid for p in psutil.Process().children(recursive=True)]
+        return os.getpid(), children
+
+
+if os.environ.get("RAY_ADDRESS"):  # a cluster started separately: its workers need our wandb settings
+    wandb_env = {k: v for k, v in os.environ.items() if k.startswith("WANDB_")}
+    ray.init(runtime_env={"env_vars": wandb_env})
+else:
+    ray.init(num_cpus=2, include_dashboard=False)
+runner = TaskRunner.remote()
+actor_pid, children = ray.get(runner.run.remote())
+print("ACTOR:", actor_pid)
+print("CHILDREN:", *children)
+print("STEPS:", STEPS, flush=True)
+print("END:", time.monotonic(), flush=True)  # for the exit-time benchmark
+if sys.argv[1] == "terminate":
+    runner.__ray_terminate__.remote()
+    import psutil
+
+    deadline = time.monotonic() + 15
+    while psutil.pid_exists(actor_pid) and psutil.Process(actor_pid).status() != "zombie":
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    print("ACTOR_GONE:", not psutil.pid_exists(actor_pid) or psutil.Process(actor_pid).status() == "zombie", flush=True)
