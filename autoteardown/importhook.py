@@ -14,6 +14,7 @@ the user's import fail: errors are logged.
 """
 
 import sys
+import time
 import _thread
 
 from . import log
@@ -47,9 +48,11 @@ def clear():
 
 def _call(hook, module):
     try:
+        started = time.perf_counter()
         module_name, _, function = hook.partition(":")
         __import__(module_name)
         getattr(sys.modules[module_name], function)()
+        log.debug("%s imported: %s took %.1f ms", module.__name__, hook, (time.perf_counter() - started) * 1e3)
     except Exception:
         log.warning("could not apply %s when %s was imported (set AUTOTEARDOWN_DEBUG=1 for details)",
                     hook, module.__name__)
