@@ -75,6 +75,7 @@ def arm():
         atexit.register(_on_exit)
         log.debug("threading._register_atexit unavailable; using atexit")
     _track_sys_exit()
+    _track_top_level_system_exit()
     from . import signals
 
     signals.install(_terminate)
@@ -212,6 +213,29 @@ def _track_sys_exit():
     exit.__wrapped__ = _original_sys_exit
     exit.__doc__ = _original_sys_exit.__doc__
     sys.exit = exit
+
+
+def _track_top_level_system_exit():
+    """Python 3.12+: a bare `raise SystemExit(n)` leaving the main module calls no
+    hook (not sys.exit, not sys.excepthook); sys.monitoring's PY_UNWIND event sees
+    it, and costs only when an exception unwinds a frame. Python 3.10 and 3.11
+    have no such event: there the exit code reads as 0 (wandb's own hooks too)."""
+    monitoring = getattr(sys, "monitoring", None)
+    tool = next((i for i in (4, 3) if monitoring and monitoring.get_tool(i) is None), None)
+    if tool is None:
+        return
+    import threading
+
+    def on_unwind(code, offset, exception):
+        global _exit_requested
+        if (isinstance(exception, SystemExit) and code.co_name == "<module>"
+                and code.co_filename == getattr(sys.modules.get("__main__"), "__file__", code.co_filename)
+                and threading.current_thread() is threading.main_thread()):
+            _exit_requested = exception.code
+
+    monitoring.use_tool_id(tool, "autoteardown")
+    monitoring.register_callback(tool, monitoring.events.PY_UNWIND, on_unwind)
+    monitoring.set_events(tool, monitoring.events.PY_UNWIND)
 
 
 def _terminate(signum):

@@ -93,8 +93,9 @@ def test_sigterm_mid_run_without_the_shim_keeps_no_records(jobs):
     assert len(files) == 1 and records(files[0]) == []
 
 
-@pytest.mark.xfail(strict=True, reason="a bare `raise SystemExit(n)` reaching the top level bypasses "
-                   "sys.exit and every hook on Python 3.10/3.11: nothing sees n (wandb records 0)")
+@pytest.mark.xfail(sys.version_info < (3, 12), strict=True,
+                   reason="a bare `raise SystemExit(n)` reaching the top level bypasses sys.exit and every "
+                   "hook on Python 3.10/3.11: nothing sees n (wandb records 0); 3.12+ has sys.monitoring")
 def test_raise_systemexit(jobs):
     result = jobs.run("one", "systemexit3")
     assert result.returncode == 3, result
