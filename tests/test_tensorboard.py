@@ -70,8 +70,9 @@ assert not [m for m in sys.modules if m.startswith(("tensorboard", "torch.utils.
 import tensorboard
 from torch.utils.tensorboard import SummaryWriter
 from autoteardown.integrations import tensorboard as integration
-original = integration._patched[("torch.utils.tensorboard.writer", "SummaryWriter")]
-assert SummaryWriter.__init__.__wrapped__ is original
+import wrapt
+original = SummaryWriter.__init__.__wrapped__
+assert not isinstance(original, wrapt.FunctionWrapper)
 integration.patch()
 assert SummaryWriter.__init__.__wrapped__ is original  # wrapped once
 assert integration.get_version() == tensorboard.__version__

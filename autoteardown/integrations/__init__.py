@@ -19,6 +19,34 @@ def hook_name(integration):
     return f"autoteardown.integrations.{integration}:patch"
 
 
+class Patches:
+    """What an integration wrapped, so that its unpatch() can put it back."""
+
+    def __init__(self):
+        self._originals = {}  # (class or module, attribute name) -> the original
+
+    def wrap(self, owner, name, wrapper):
+        """Wrap owner.name with wrapt, once. False if already wrapped or missing."""
+        import wrapt
+
+        from .. import log
+
+        if (owner, name) in self._originals or name not in vars(owner):
+            return False
+        self._originals[(owner, name)] = vars(owner)[name]
+        wrapt.wrap_function_wrapper(owner, name, wrapper)
+        log.debug("patched %s.%s", getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
+        return True
+
+    def restore(self):
+        for (owner, name), original in self._originals.items():
+            setattr(owner, name, original)
+        self._originals.clear()
+
+    def __bool__(self):
+        return bool(self._originals)
+
+
 def version_tuple(text):
     """'2.13.0+cpu' -> (2, 13, 0); good enough for range checks on release numbers."""
     parts = []

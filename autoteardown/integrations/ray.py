@@ -22,12 +22,12 @@ import threading
 import time
 
 from .. import config, engine, log, registry
-from . import check_version
+from . import Patches, check_version
 
 KIND = "ray"
 ORDER = 20
 SUPPORTED = "ray >= 2.40"
-_originals = {}     # (owner, attribute) -> original
+_patches = Patches()
 _watched = set()    # _Terminated objects, kept alive until reaped
 
 
@@ -49,29 +49,17 @@ def patch():
     import ray.actor
 
     engine.register_kind(KIND, ORDER, finalize_one)
-    _wrap(ray.actor.ActorHandle, "_actor_method_call", _on_actor_method_call)
-    _wrap(ray.actor.ActorClass, "_remote", _on_actor_created)
-    _wrap(ray.actor, "exit_actor", _on_actor_exit)
+    _patches.wrap(ray.actor.ActorHandle, "_actor_method_call", _on_actor_method_call)
+    _patches.wrap(ray.actor.ActorClass, "_remote", _on_actor_created)
+    _patches.wrap(ray.actor, "exit_actor", _on_actor_exit)
     # The worker's SIGTERM handler (Worker.main_loop) calls this module global.
-    _wrap(ray._private.worker, "raise_sys_exit_with_custom_error_message", _on_worker_sigterm)
-    _wrap(ray, "shutdown", _on_shutdown)
+    _patches.wrap(ray._private.worker, "raise_sys_exit_with_custom_error_message", _on_worker_sigterm)
+    _patches.wrap(ray, "shutdown", _on_shutdown)
     engine.arm()
 
 
 def unpatch():
-    for (owner, name), original in list(_originals.items()):
-        setattr(owner, name, original)
-    _originals.clear()
-
-
-def _wrap(owner, name, wrapper):
-    import wrapt
-
-    if (owner, name) in _originals or not hasattr(owner, name):
-        return
-    _originals[(owner, name)] = vars(owner)[name] if isinstance(owner, type) else getattr(owner, name)
-    wrapt.wrap_function_wrapper(owner, name, wrapper)
-    log.debug("patched %s.%s", getattr(owner, "__name__", owner), name)
+    _patches.restore()
 
 
 # ---- driver side (any process that holds actor handles) -----------------------

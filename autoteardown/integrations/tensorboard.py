@@ -16,7 +16,7 @@ sync TensorBoard files (`wandb.init(sync_tensorboard=True)`) when it finishes.
 import sys
 
 from .. import engine, log, registry
-from . import check_version
+from . import Patches, check_version
 
 KIND = "tensorboard"
 ORDER = 25
@@ -26,7 +26,7 @@ TARGETS = (
     ("tensorboardX.writer", "SummaryWriter", "tensorboardX", "2.0"),
 )
 SUPPORTED = "tensorboard >= 2.0 (torch.utils.tensorboard), tensorboardX >= 2.0"
-_patched = {}  # (module, class) -> the original __init__
+_patches = Patches()
 
 
 def get_version():
@@ -43,30 +43,22 @@ def unsupported_reason():
 
 
 def patch():
-    import wrapt
-
     for module_name, class_name, distribution, minimum in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None or (module_name, class_name) in _patched:
+        if cls is None:
             continue
         reason = check_version(distribution, minimum)
         if reason:
             log.warning_once("%s; its SummaryWriters are left alone", reason)
             continue
-        _patched[(module_name, class_name)] = vars(cls)["__init__"]
-        wrapt.wrap_function_wrapper(cls, "__init__", _record_writer)
-        log.debug("patched %s.%s.__init__", module_name, class_name)
-    if _patched:
+        _patches.wrap(cls, "__init__", _record_writer)
+    if _patches:
         engine.register_kind(KIND, ORDER, close_writer)
         engine.arm()
 
 
 def unpatch():
-    for (module_name, class_name), original in list(_patched.items()):
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is not None:
-            cls.__init__ = original
-        del _patched[(module_name, class_name)]
+    _patches.restore()
 
 
 def _record_writer(wrapped, instance, args, kwargs):

@@ -16,7 +16,7 @@ import sys
 import time
 
 from .. import engine, log, registry
-from . import check_version
+from . import Patches, check_version
 
 KIND = "dataloader"
 ORDER = 10
@@ -25,7 +25,7 @@ TARGETS = (
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
 SUPPORTED = "torch >= 2.0, torchdata >= 0.8"
-_patched = {}  # (module, class) -> the original _get_iterator
+_patches = Patches()
 
 
 def get_version():
@@ -42,30 +42,22 @@ def patch():
     if reason:
         log.warning_once("%s; DataLoader workers are left alone", reason)
         return
-    import wrapt
-
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child)
     for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None or (module_name, class_name) in _patched:
+        if cls is None:
             continue
         if "_get_iterator" not in vars(cls):
             log.warning_once("%s has no _get_iterator (unsupported version; need %s): not patched",
                              class_name, SUPPORTED)
             continue
-        _patched[(module_name, class_name)] = vars(cls)["_get_iterator"]
-        wrapt.wrap_function_wrapper(cls, "_get_iterator", _record_iterator)
-        log.debug("patched %s.%s._get_iterator", module_name, class_name)
-    if _patched:
+        _patches.wrap(cls, "_get_iterator", _record_iterator)
+    if _patches:
         engine.arm()
 
 
 def unpatch():
-    for (module_name, class_name), original in list(_patched.items()):
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is not None:
-            cls._get_iterator = original
-        del _patched[(module_name, class_name)]
+    _patches.restore()
 
 
 def _record_iterator(wrapped, instance, args, kwargs):
