@@ -101,7 +101,7 @@ def task_runner(mode, shim, tmp_path, cleanup):
     return result, pids, wandb_records.records(files[0])
 
 
-@pytest.mark.parametrize("mode", ["end", "terminate"])
+@pytest.mark.parametrize("mode", ["end", "terminate", "sigterm"])
 def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanup):
     result, pids, records = task_runner(mode, True, tmp_path, cleanup)
     steps = int(reported(result, "STEPS")[0])
@@ -109,7 +109,7 @@ def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanu
     assert wandb_records.exit_codes(records) == [0], result
     assert wait_gone(pids, within=5.0) == [], result
     assert noise(result.stderr) == [], result
-    if mode == "terminate":
+    if mode != "end":
         assert reported(result, "ACTOR_GONE") == ["True"], result
 
 

@@ -1,6 +1,7 @@
 """A verl-style driver: a TaskRunner actor owns a StatefulDataLoader with workers
 and a wandb run (offline); the driver gets its result and then either simply
-ends or ends the actor with __ray_terminate__. Usage: ray_task_runner.py end|terminate
+ends or ends the actor with __ray_terminate__ or SIGTERM. Usage:
+ray_task_runner.py end|terminate|sigterm
 
 Prints the actor's pid, its DataLoader workers' and wandb-core's pids, and the
 number of steps it logged."""
@@ -42,8 +43,11 @@ print("ACTOR:", actor_pid)
 print("CHILDREN:", *children)
 print("STEPS:", STEPS, flush=True)
 print("END:", time.monotonic(), flush=True)  # for the exit-time benchmark
-if sys.argv[1] == "terminate":
-    runner.__ray_terminate__.remote()
+if sys.argv[1] in ("terminate", "sigterm"):
+    if sys.argv[1] == "terminate":
+        runner.__ray_terminate__.remote()
+    else:  # as Ray's raylet does to a worker it stops
+        os.kill(actor_pid, 15)
     import psutil
 
     deadline = time.monotonic() + 15
