@@ -79,11 +79,14 @@ def test_ranks_ending_apart_for_different_reasons(shim):
     # Rank 0 exits first and takes the TCPStore with it; rank 1 raises 2 s later.
     # Destroying never waits for the other rank: same statuses as without the shim.
     rank0, rank1 = ranks("apart", shim=shim)
-    assert (rank0.returncode, rank1.returncode) == (3, 1), (rank0, rank1)
     assert at_exit(rank0) == {0: not shim} and at_exit(rank1) == {1: not shim}, (rank0, rank1)
     assert "ValueError: the user's own error" in rank1.stderr
-    assert rank0.stderr == "" and len(re.findall(r"Traceback", rank1.stderr)) == 1, rank1
+    assert rank1.returncode == 1 and len(re.findall(r"Traceback", rank1.stderr)) == 1, rank1
     assert rank1.elapsed < 30, rank1
+    if shim:
+        assert rank0.returncode == 3 and rank0.stderr == "", rank0
+    else:  # the group left to C++ destructors can abort at exit (seen once in CI: -6)
+        assert rank0.returncode in (3, -6), rank0
 
 
 def test_through_torchrun():
@@ -110,8 +113,9 @@ def test_through_multiprocessing_spawn(shim):
     # The spawned ranks inherit PYTHONPATH, so the sitecustomize activates in them too;
     # multiprocessing runs the exit hook from Process._bootstrap (threading._shutdown).
     result = run("distributed_spawn.py", free_port(), shim=shim, timeout=90)
-    assert result.returncode == 0 and "ALL RANKS DONE" in result.stdout, result
     assert at_exit(result) == {0: not shim, 1: not shim}, result
+    if shim:  # without it a rank can die of SIGABRT at exit (see clean()), failing the spawn
+        assert result.returncode == 0 and "ALL RANKS DONE" in result.stdout, result
     assert wait_gone(pids(result), within=1.0) == []
 
 
