@@ -43,12 +43,13 @@ def ranks(mode, shim=True, env=None, timeout=90):
 
 def at_exit(result):
     """What the script's own atexit hook saw, per rank: {rank: initialized}."""
-    return {int(r): v == "True" for r, v in re.findall(r"^RANK (\d) AT EXIT: initialized=(\w+)$",
-                                                       result.stdout, re.M)}
+    # Not anchored to lines: spawned ranks share one stdout and their lines can interleave.
+    return {int(r): v == "True" for r, v in re.findall(r"RANK (\d) AT EXIT: initialized=(True|False)",
+                                                       result.stdout)}
 
 
 def pids(result):
-    return [int(p) for p in re.findall(r"^RANK \d PID: (\d+)", result.stdout, re.M)]
+    return [int(p) for p in re.findall(r"RANK \d PID: (\d+)", result.stdout)]
 
 
 def clean(result):
