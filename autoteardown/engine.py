@@ -173,7 +173,25 @@ def _describe(obj):
 def _on_exit():
     if _armed_pid != os.getpid():  # inherited through fork: the parent's business
         return
+    _note_multiprocessing_exitcode()
     finalize()
+
+
+def _note_multiprocessing_exitcode():
+    """A multiprocessing child (spawn, forkserver) ends in BaseProcess._bootstrap, which
+    catches what run() raised, sets `exitcode`, calls threading._shutdown() (so us), and
+    only then returns it to sys.exit(). Nothing else shows that code yet: read it there."""
+    global _exit_requested
+    bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
+    code = getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
+    frame = sys._getframe(1)
+    while frame is not None and code is not None:
+        if frame.f_code is code:
+            exitcode = frame.f_locals.get("exitcode")
+            if isinstance(exitcode, int):
+                _exit_requested = exitcode
+            return
+        frame = frame.f_back
 
 
 # ---- how the process is ending ---------------------------------------------
@@ -266,7 +284,14 @@ def disarm():
 
 def _after_fork_in_child():
     """A forked child starts with no resources and never finalizes its parent's."""
-    global _running, _signal_received, _exit_requested, _terminating
+    global _running, _signal_received, _exit_requested, _terminating, _lock
+    # Only the forking thread lives on in the child: a lock another thread held at the
+    # fork (a DataLoader worker started while another thread records an iterator, or
+    # imports) would never be released here, and the child would hang on it.
+    _lock = _thread.RLock()
+    registry._lock = _thread.RLock()
+    if "autoteardown.importhook" in sys.modules:
+        sys.modules["autoteardown.importhook"]._lock = _thread.RLock()
     _running = False
     _signal_received = _exit_requested = None
     _terminating = _thread.allocate_lock()

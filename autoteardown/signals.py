@@ -3,7 +3,9 @@
 With the default handler SIGTERM ends the process at once, with no cleanup at
 all. While it is still the default we install a Python handler that calls the
 exit engine and then dies of SIGTERM (same status as before). A handler the
-user or a library installed is left alone: it decides.
+user or a library installed is left alone: it decides, whether it was there
+before ours or replaced it later (ray.init does), and the helper thread below
+then stays out of its way.
 
 A Python handler only runs when the main thread next runs Python code. A main
 thread blocked in C code (a gloo/NCCL collective, a C++ join) would keep the
@@ -105,6 +107,10 @@ def _watch(read_fd):
         if not data or _pid != os.getpid():
             return
         if signal.SIGTERM not in data:  # every Python-handled signal writes its number here
+            continue
+        if signal.getsignal(signal.SIGTERM) is not _handler:
+            # Replaced since (by the user, by ray.init, by a Ray worker): that handler
+            # decides, and may take its time; the normal exit path still finalizes.
             continue
         waited = time.monotonic() + WAIT_FOR_MAIN_THREAD
         while not _handler_ran and time.monotonic() < waited:
