@@ -1,23 +1,32 @@
-"""Benchmarks: print numbers, assert nothing. Run: python tests/benchmark.py
+"""Benchmarks: print a table, assert nothing. Run: python tests/benchmark.py
 
 - import cost of autoteardown (python -X importtime, bytecode cached), and the
   wall time of an interpreter start with and without it;
 - the extra cost of a patched DataLoader.__iter__;
 - exit time with 8 live DataLoader workers: the shim against calling
-  _shutdown_workers() by hand, and against no teardown at all.
+  _shutdown_workers() by hand, and against no teardown at all;
+- exit time of a script holding 8 DataLoader workers, 2 wandb runs (offline) and
+  2 Ray actors (tests/scripts/bench_exit.py): the shim against a hand-written
+  teardown of the same resources (alternated, so that a busy machine slows both alike);
+- the registry after 10,000 iterators recorded and dropped: entries held and the
+  memory allocated in registry.py (tracemalloc), against after 100 (it must not grow).
+
+Every comparison is a ratio of two figures measured in the same run (medians).
 """
 
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import ROOT, base_env  # noqa: E402
+from helpers import ROOT, SCRIPTS, base_env, in_session, kill_pids  # noqa: E402
 
 RUNS = 15
+EXIT_RUNS = 5
 
 
 def py(code, shim=True, extra=()):
@@ -84,18 +93,87 @@ def exit_time(mode):
     return statistics.median(times) * 1000
 
 
+def all_resources_exit_time():
+    """Median exit time of bench_exit.py (from END to the end of the process, plus the
+    hand-written teardown), shim and hand alternated."""
+    times = {"hand": [], "shim": []}
+    for _ in range(EXIT_RUNS):
+        for mode in times:
+            with tempfile.TemporaryDirectory() as wandb_dir:
+                env = base_env(mode == "shim", WANDB_DIR=wandb_dir, WANDB_CACHE_DIR=Path(wandb_dir, "cache"))
+                proc = subprocess.Popen([sys.executable, str(SCRIPTS / "bench_exit.py"), mode], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True)
+                try:
+                    out, _ = proc.communicate(timeout=300)
+                finally:
+                    kill_pids(in_session(proc.pid))  # Ray's processes, if any outlived it
+                ended = time.monotonic()
+            end = float(re.search(r"^END: (\S+)", out, re.M).group(1))
+            teardown = re.search(r"^TEARDOWN: (\S+)", out, re.M)
+            times[mode].append(ended - end + (float(teardown.group(1)) if teardown else 0.0))
+    return statistics.median(times["hand"]) * 1000, statistics.median(times["shim"]) * 1000
+
+
+REGISTRY_MEMORY = """
+import collections, gc, tracemalloc, torch
+from torch.utils.data import DataLoader
+from autoteardown import registry
+loader = DataLoader(list(range(8)), batch_size=2)
+def held():
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, registry.__file__)])
+    return registry.size(), sum(stat.size for stat in snapshot.statistics("filename"))
+tracemalloc.start()
+# Recorded as the patched _get_iterator records a worker iterator (10,000 with real
+# workers would be 10,000 processes), and dropped 50 iterators later (so that the
+# registry sees many ids, not one reused address).
+window = collections.deque(maxlen=50)
+for count in range(1, 10_001):
+    window.append(iter(loader))
+    registry.record("dataloader", window[-1])
+    if count == 100:
+        print(*held())
+print(*held())
+"""
+
+
+def registry_memory():
+    lines = py(REGISTRY_MEMORY).stdout.split("\n")
+    return [tuple(map(int, line.split())) for line in lines[:2]]
+
+
+def table(rows):
+    """A Markdown table: what, figure, and the ratio to what it is compared with."""
+    width = [max(len(row[i]) for row in rows + [("what", "figure", "ratio")]) for i in range(3)]
+    print(f"| {'what':<{width[0]}} | {'figure':>{width[1]}} | {'ratio':<{width[2]}} |")
+    print(f"| {'-' * width[0]} | {'-' * (width[1] - 1)}: | {'-' * width[2]} |")
+    for what, figure, ratio in rows:
+        print(f"| {what:<{width[0]}} | {figure:>{width[1]}} | {ratio:<{width[2]}} |", flush=True)
+
+
 def main():
+    rows = []
     own, bare, shim = import_cost()
-    print(f"{'import autoteardown (-X importtime, cumulative)':<58}{own:8.2f} ms")
-    print(f"{'interpreter start, bare':<58}{bare:8.1f} ms")
-    print(f"{'interpreter start + import autoteardown':<58}{shim:8.1f} ms  (x{shim / bare:.2f})")
+    rows.append(("import autoteardown (-X importtime, cumulative)", f"{own:.2f} ms", ""))
+    rows.append(("interpreter start, bare", f"{bare:.1f} ms", ""))
+    rows.append(("interpreter start + import autoteardown", f"{shim:.1f} ms", f"x{shim / bare:.2f} of bare"))
     patched, plain = map(float, py(ITER_COST).stdout.split())
-    print(f"{'iter(DataLoader), patched':<58}{patched:8.2f} us")
-    print(f"{'iter(DataLoader), unpatched':<58}{plain:8.2f} us  (+{patched - plain:.2f} us)")
+    rows.append(("iter(DataLoader), patched", f"{patched:.2f} us", f"x{patched / plain:.2f} of unpatched"))
+    rows.append(("iter(DataLoader), unpatched", f"{plain:.2f} us", f"+{patched - plain:.2f} us patched"))
     hand, shim_exit, none = exit_time("hand"), exit_time("shim"), exit_time("none")
-    print(f"{'exit with 8 workers: _shutdown_workers() by hand':<58}{hand:8.0f} ms")
-    print(f"{'exit with 8 workers: autoteardown':<58}{shim_exit:8.0f} ms  (x{shim_exit / hand:.2f} of by hand)")
-    print(f"{'exit with 8 workers: no teardown':<58}{none:8.0f} ms")
+    rows.append(("exit with 8 workers: _shutdown_workers() by hand", f"{hand:.0f} ms", ""))
+    rows.append(("exit with 8 workers: autoteardown", f"{shim_exit:.0f} ms", f"x{shim_exit / hand:.2f} of by hand"))
+    rows.append(("exit with 8 workers: no teardown", f"{none:.0f} ms", f"x{none / hand:.2f} of by hand"))
+    hand_all, shim_all = all_resources_exit_time()
+    rows.append(("exit, 8 workers + 2 wandb runs + 2 Ray actors: by hand", f"{hand_all:.0f} ms", ""))
+    rows.append(("exit, 8 workers + 2 wandb runs + 2 Ray actors: autoteardown", f"{shim_all:.0f} ms",
+                 f"x{shim_all / hand_all:.2f} of by hand"))
+    (entries_100, bytes_100), (entries_10k, bytes_10k) = registry_memory()
+    rows.append(("registry after 100 iterators recorded and dropped", f"{entries_100} entries", f"{bytes_100 / 1024:.1f} KiB"))
+    rows.append(("registry after 10,000 iterators recorded and dropped", f"{entries_10k} entries",
+                 f"{bytes_10k / 1024:.1f} KiB (x{bytes_10k / bytes_100:.2f} of 100)"))
+    table(rows)
 
 
 if __name__ == "__main__":

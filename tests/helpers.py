@@ -33,6 +33,7 @@ def base_env(shim=True, **extra):
 
 class Run:
     def __init__(self, proc, stdout, stderr, elapsed):
+        self.pid = proc.pid  # also the id of the session the script leads (start_new_session)
         self.returncode = proc.returncode
         self.stdout = stdout
         self.stderr = stderr
@@ -122,6 +123,26 @@ def kill_tree(pid):
     except psutil.NoSuchProcess:
         return
     kill_pids([p.pid for p in procs])
+
+
+def in_session(sid):
+    """Pids of the live processes of session `sid` (each script started here leads its own):
+    every descendant that did not start a session of its own, reported or not."""
+    found = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(process.pid) == sid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except (OSError, psutil.Error):
+            pass
+    return found
+
+
+def wait_session_gone(sid, within):
+    deadline = time.monotonic() + within
+    while in_session(sid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return in_session(sid)
 
 
 def tracebacks(stderr):
