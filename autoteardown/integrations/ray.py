@@ -163,9 +163,25 @@ class _Terminated:
         timer.start()
 
     def reap_when_due(self, timeout):
-        """At exit: wait for the grace period (as far as the budget allows), then reap."""
-        time.sleep(max(0.0, min(self.due - time.monotonic(), timeout - 1.0)))
+        """At exit: wait for the grace period (as far as the budget allows), then reap.
+        An actor on this node that is already gone ends the wait at once."""
+        until = min(self.due, time.monotonic() + max(0.0, timeout - 1.0))
+        while time.monotonic() < until and not (self._is_local() and self._gone_here()):
+            time.sleep(0.05)
         self.reap()
+
+    def _is_local(self):
+        import ray
+
+        return self.node_id is None or self.node_id == ray.get_runtime_context().get_node_id()
+
+    def _gone_here(self):
+        import psutil
+
+        try:
+            return psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     def reap(self):
         with self._lock:
@@ -177,7 +193,7 @@ class _Terminated:
         try:
             import ray
 
-            if self.node_id is None or self.node_id == ray.get_runtime_context().get_node_id():
+            if self._is_local():
                 killed = _kill_if_same_process(self.pid, self.requested_at)
             else:
                 killed = ray.get(_remote_kill_on(self.node_id).remote(self.pid, self.requested_at), timeout=10)
