@@ -102,11 +102,16 @@ def alive(pids):
     return result
 
 
-def wait_gone(pids, within):
+def wait_until_empty(probe, within):
+    """Call probe() until it returns an empty list or `within` seconds pass; its last answer."""
     deadline = time.monotonic() + within
-    while alive(pids) and time.monotonic() < deadline:
+    while probe() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return alive(pids)
+    return probe()
+
+
+def wait_gone(pids, within):
+    return wait_until_empty(lambda: alive(pids), within)
 
 
 def kill_pids(pids):
@@ -139,10 +144,7 @@ def in_session(sid):
 
 
 def wait_session_gone(sid, within):
-    deadline = time.monotonic() + within
-    while in_session(sid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return in_session(sid)
+    return wait_until_empty(lambda: in_session(sid), within)
 
 
 def tracebacks(stderr):
