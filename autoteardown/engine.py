@@ -81,21 +81,30 @@ def arm():
     signals.install(_terminate)
 
 
-def finalize(timeout=None, kinds=None):
+_code_override = None    # exit_code= of the finalize() under way
+
+
+def finalize(timeout=None, kinds=None, exit_code=None):
     """Finalize every live resource now (or only those of `kinds`), in order,
     within `timeout` seconds (default AUTOTEARDOWN_TIMEOUT). Safe to call more
-    than once: what was finalized is forgotten. Never raises."""
-    global _running
+    than once: what was finalized is forgotten. Never raises.
+
+    exit_code: the code the finalizers hand on (wandb's exit record, mlflow's
+    status) when the caller knows better than the process (a Ray Train worker
+    whose training function raised)."""
+    global _running, _code_override
     with _lock:
         if _running:
             return
         _running = True
+        _code_override = exit_code
     try:
         _finalize(config.TIMEOUT if timeout is None else timeout, kinds)
     except BaseException:
         log.debug_exception("finalize failed")
     finally:
         _running = False
+        _code_override = None
 
 
 def _finalize(timeout, only):
@@ -199,6 +208,8 @@ def _note_multiprocessing_exitcode():
 def exit_code():
     """The status the process is about to exit with, as far as Python lets us see it,
     and the uncaught exception if there is one: (code, exception or None)."""
+    if _code_override is not None:
+        return _code_override, None
     if _signal_received is not None:
         return 128 + _signal_received, None
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
@@ -210,6 +221,11 @@ def exit_code():
     if isinstance(code, int):
         return code, None
     return 1, None  # sys.exit("message") prints it and exits 1
+
+
+def exit_signal():
+    """The signal number the process is ending from (SIGTERM), or None."""
+    return _signal_received
 
 
 def _track_sys_exit():
