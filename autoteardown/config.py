@@ -7,7 +7,7 @@ import os
 
 from . import log
 
-INTEGRATIONS = ("torch", "distributed", "tensorboard", "wandb", "ray")
+INTEGRATIONS = ("torch", "distributed", "tensorboard", "wandb", "ray", "mlflow")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")

@@ -12,6 +12,7 @@ TRIGGERS = {
     "tensorboard": ("torch.utils.tensorboard", "tensorboardX"),
     "wandb": ("wandb",),
     "ray": ("ray",),
+    "mlflow": ("mlflow",),
 }
 
 
