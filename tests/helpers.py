@@ -1,10 +1,17 @@
-"""Run small unmodified scripts in subprocesses, with or without the shim."""
+"""Run small unmodified scripts in subprocesses, with or without the shim.
+
+The one scaffolding of the suite: base_env() for every subprocess, start()/finish()/run(),
+one parser of the "TAG: pid pid" lines the scripts print (reported()), one Jobs helper
+that kills whatever its scripts left behind (the `jobs` fixture in conftest.py), one
+free_port(). Processes are killed by pid, never by name."""
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,14 +48,39 @@ class Run:
 
     def pids(self, tag="PIDS"):
         """Pids the script printed as 'TAG: 1 2 3'."""
-        found = []
-        for line in self.stdout.splitlines():
-            if line.startswith(tag + ":"):
-                found += [int(p) for p in line.split(":", 1)[1].split()]
-        return found
+        return reported(self.stdout, tag)
 
     def __repr__(self):
         return f"<Run rc={self.returncode} {self.elapsed:.1f}s\n--stdout--\n{self.stdout}\n--stderr--\n{self.stderr}>"
+
+
+def reported(text, tag="PIDS"):
+    """The pids printed as 'TAG: 1 2 3' lines in text, in order (every such line).
+
+    Not anchored at the start of a line: processes sharing one stdout (spawned ranks,
+    Ray workers' forwarded output) can interleave their lines."""
+    found = []
+    for match in re.finditer(rf"(?:^|[^A-Z_]){re.escape(tag)}:([ \t\d]*)", text, re.M):
+        found += [int(p) for p in match.group(1).split()]
+    return found
+
+
+_ports_given = set()
+_ports_lock = threading.Lock()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago, never the same twice in
+    this process (the kernel may hand a freed ephemeral port out again)."""
+    with _ports_lock:
+        for _ in range(50):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
+    raise RuntimeError("no free port")
 
 
 def start(script, *args, shim=True, env=None, cwd=None):
@@ -145,6 +177,75 @@ def in_session(sid):
 
 def wait_session_gone(sid, within):
     return wait_until_empty(lambda: in_session(sid), within)
+
+
+# The tags under which the scripts report the processes they (or the libraries) started.
+PID_TAGS = ("PIDS", "CORE", "ACTOR", "ACTOR_CHILDREN", "CHILDREN", "BYSTANDER", "PID")
+
+
+class Jobs:
+    """Scripts started for one test, in one WANDB_DIR (a tmp_path). At cleanup() whatever is
+    left in their sessions, and every process they reported (PID_TAGS, or track()), is killed:
+    by pid, through psutil, which refuses a pid that was reused since it was seen."""
+
+    def __init__(self, folder=None):
+        self.dir = folder
+        self.sessions = []
+        self.processes = []
+
+    def env(self, **extra):
+        env = {"WANDB_DIR": self.dir, "WANDB_CACHE_DIR": self.dir / "cache"} if self.dir else {}
+        return {**env, **extra}
+
+    def start(self, script, *args, shim=True, env=None, **extra):
+        proc = start(script, *args, shim=shim, env=self.env(**(env or {}), **extra))
+        self.sessions.append(proc.pid)
+        return proc
+
+    def finish(self, proc, timeout=120, started=None, before=""):
+        """The Run of proc (its stdout prefixed with what was already read, `before`)."""
+        try:
+            result = finish(proc, timeout, started)
+        finally:
+            if proc.poll() is None:
+                kill_tree(proc.pid)
+        result.stdout = before + result.stdout
+        result.ended = time.monotonic()
+        self.track_reported(result.stdout)
+        return result
+
+    def run(self, script, *args, timeout=120, **kwargs):
+        started = time.monotonic()
+        return self.finish(self.start(script, *args, **kwargs), timeout, started)
+
+    def track_reported(self, text):
+        self.track([pid for tag in PID_TAGS for pid in reported(text, tag)])
+
+    def track(self, pids):
+        for pid in pids:
+            try:
+                self.processes.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+
+    def runs(self):
+        """(run name, history steps, exit codes) of each wandb run file in self.dir, sorted."""
+        from wandb_records import exit_codes, history_steps, records, run_files
+
+        found = []
+        for recs in map(records, run_files(self.dir)):
+            name = [r.run.display_name for r in recs if r.HasField("run")][:1] or [None]
+            found.append((name[0], history_steps(recs), exit_codes(recs)))
+        return sorted(found, key=repr)
+
+    def cleanup(self):
+        for sid in self.sessions:
+            kill_pids(in_session(sid))
+        for process in self.processes:
+            try:
+                process.kill()  # psutil checks the pid still names the process it saw
+            except psutil.Error:
+                pass
 
 
 def tracebacks(stderr):

@@ -1,0 +1,105 @@
+"""Suite-wide scaffolding: the `baseline` and `needs_torch` markers, the `jobs` fixture.
+
+Baselines: a test marked `@pytest.mark.baseline` asserts that a symptom shows WITHOUT the
+shim (it proves the scenario is real). Upstream timing, or an upstream fix, decides whether
+it does, so such a test never fails the run: it runs as a non-strict xfail, and the terminal
+summary lists each one as "shows symptom" (it passed) or "did not show" (it failed). Set
+TESTS_BASELINE_REPORT=FILE to also append those lines to FILE (.ci/run collects them).
+
+The pytest process itself is never armed: AUTOTEARDOWN_DISABLE is set before anything
+imports autoteardown (importing wandb_records imports wandb; importing autoteardown would
+patch it in-process). Subprocesses get their env from helpers.base_env, which drops every
+AUTOTEARDOWN_* variable.
+"""
+
+import os
+import sys
+
+os.environ["AUTOTEARDOWN_DISABLE"] = "1"
+sys.path.insert(0, os.path.dirname(__file__))  # `from helpers import ...` in every test file
+
+import pytest  # noqa: E402
+
+from helpers import Jobs  # noqa: E402
+
+SHOWS, DID_NOT_SHOW = "shows symptom", "did not show"
+_config = None
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "baseline: shows a symptom WITHOUT the shim; its outcome is reported, never gating")
+    config.addinivalue_line("markers", "needs_torch: skipped where torch is not installed")
+    global _config
+    _config = config
+    config._baselines = {}
+
+
+def _torch_missing():
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("torch") is None
+    except (ImportError, ValueError):
+        return True
+
+
+def pytest_collection_modifyitems(config, items):
+    no_torch = None
+    for item in items:
+        if item.get_closest_marker("baseline"):
+            item.add_marker(pytest.mark.xfail(strict=False, reason="baseline (reported, not gating)"))
+        if item.get_closest_marker("needs_torch"):
+            if no_torch is None:
+                no_torch = _torch_missing()
+            if no_torch:
+                item.add_marker(pytest.mark.skip(reason="needs torch"))
+
+
+def pytest_runtest_logreport(report):
+    # A baseline's outcome is that of its first phase that is not a pass (setup or call),
+    # else its call phase.
+    if "baseline" not in report.keywords:
+        return
+    baselines = _config._baselines if _config else {}
+    if report.nodeid in baselines and baselines[report.nodeid] != SHOWS:
+        return
+    if hasattr(report, "wasxfail"):
+        outcome = SHOWS if report.passed else DID_NOT_SHOW
+    elif report.skipped:
+        outcome = "skipped"
+    elif report.failed:
+        outcome = "error"  # a failure outside xfail's reach (e.g. teardown)
+    elif report.when == "call":
+        outcome = SHOWS
+    else:
+        return
+    if report.when == "teardown" and outcome == SHOWS:
+        return
+    baselines[report.nodeid] = outcome
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    baselines = getattr(config, "_baselines", {})
+    if not baselines:
+        return
+    terminalreporter.section("baselines (reported, not gating)")
+    lines = [f"{outcome:14} {nodeid}" for nodeid, outcome in sorted(baselines.items())]
+    for line in lines:
+        terminalreporter.write_line(line)
+    shown = sum(o == SHOWS for o in baselines.values())
+    terminalreporter.write_line(f"{shown} of {len(baselines)} baselines show their symptom")
+    path = os.environ.get("TESTS_BASELINE_REPORT")
+    if path:
+        with open(path, "a") as out:
+            out.write("".join(line + "\n" for line in lines))
+
+
+@pytest.fixture
+def jobs(tmp_path):
+    """A helpers.Jobs in tmp_path; what its scripts left behind is killed by pid afterwards."""
+    jobs = Jobs(tmp_path)
+    try:
+        yield jobs
+    finally:
+        jobs.cleanup()
