@@ -1,0 +1,214 @@
+"""The pure logic, fast: version_tuple, the Ray runtime_env hook's dict (in this process);
+the exit engine through its public calls, exit_code() and finalize(), each in a fresh
+interpreter with no library but autoteardown (the pytest process is never armed)."""
+
+import json
+import subprocess
+import sys
+import pytest
+
+from helpers import ROOT, base_env
+
+from autoteardown.integrations import check_version, version_tuple
+
+
+# ---- version_tuple, check_version ---------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("2.13.0", (2, 13, 0)),
+    ("2.13.0+cpu", (2, 13, 0)),
+    ("0.22", (0, 22)),
+    ("2.40.0rc1", (2, 40, 0)),
+    ("1.0.0.dev20240101", (1, 0, 0)),
+    ("2.0a1", (2, 0)),
+    ("", ()),
+    ("nightly", ()),
+])
+def test_version_tuple(text, expected):
+    assert version_tuple(text) == expected
+
+
+def test_version_ranges_compare_release_numbers():
+    assert version_tuple("0.22.0") >= version_tuple("0.22")
+    assert version_tuple("0.31.9") < version_tuple("0.32")
+    assert version_tuple("2.100.0") > version_tuple("2.40")  # numbers, not strings
+    assert version_tuple("10.0") > version_tuple("9.9")
+
+
+def test_check_version_of_something_not_installed_is_fine():
+    assert check_version("no-such-distribution-autoteardown", "1.0") is None
+
+
+def test_check_version_outside_the_range_says_why(tmp_path, monkeypatch):
+    info = tmp_path / "fakelib-0.5.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fakelib\nVersion: 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert check_version("fakelib", "0.5", "0.6") is None
+    assert check_version("fakelib", "1.0") == "fakelib 0.5 is not supported (need >=1.0)"
+    assert check_version("fakelib", "0.1", "0.5") == "fakelib 0.5 is not supported (need >=0.1,<0.5)"
+
+
+# ---- the Ray runtime_env hook -------------------------------------------------
+
+PACKAGE = str(ROOT / "autoteardown")
+
+
+def hook(runtime_env):
+    from autoteardown.integrations.ray import runtime_env_hook
+
+    return runtime_env_hook(runtime_env)
+
+
+@pytest.fixture
+def clean_hook_env(monkeypatch):
+    monkeypatch.delenv("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", raising=False)
+
+
+def test_runtime_env_hook_ships_and_installs_autoteardown(clean_hook_env):
+    assert hook(None) == {"py_modules": [PACKAGE], "worker_process_setup_hook": "autoteardown.install"}
+
+
+def test_runtime_env_hook_keeps_what_is_there_and_is_idempotent(clean_hook_env):
+    given = {"py_modules": ["/some/module"], "env_vars": {"A": "1"}, "pip": ["x"]}
+    once = hook(given)
+    assert given == {"py_modules": ["/some/module"], "env_vars": {"A": "1"}, "pip": ["x"]}  # not mutated
+    assert once["py_modules"][0] == "/some/module" and len(once["py_modules"]) == 2
+    assert once["env_vars"] == {"A": "1"} and once["pip"] == ["x"]
+    assert hook(once) == once
+
+
+def test_runtime_env_hook_chains_the_users_setup_hook(clean_hook_env):
+    chained = hook({"worker_process_setup_hook": "mypkg.setup", "env_vars": {"A": "1"}})
+    assert chained["env_vars"] == {"A": "1", "AUTOTEARDOWN_NEXT_SETUP_HOOK": "mypkg.setup"}
+    assert chained["worker_process_setup_hook"] == "autoteardown.integrations.ray.setup_hook"
+    assert hook(chained) == chained  # applied twice: still chained once
+
+    calls = []
+    wrapped = hook({"worker_process_setup_hook": lambda: calls.append("user")})["worker_process_setup_hook"]
+    assert callable(wrapped)
+
+
+def next_hook(runtime_env):
+    """An AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK for the test below."""
+    return {**runtime_env, "env_vars": {"NEXT": "ran"}}
+
+
+def test_runtime_env_hook_runs_the_next_hook_first(monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.setenv("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "test_units.next_hook")
+    result = hook({"pip": ["x"]})
+    assert result["env_vars"] == {"NEXT": "ran"} and result["pip"] == ["x"]
+    assert result["worker_process_setup_hook"] == "autoteardown.install"
+
+
+# ---- the exit engine: exit_code() and finalize(), in a fresh interpreter -------
+
+PROBE = """
+import json, os, signal, sys, threading, time
+from autoteardown import engine, registry
+
+class Probe:
+    pass
+
+seen = []
+
+def finalize_one(obj, timeout):
+    code, exc = engine.exit_code()
+    seen.append(code)
+    print("SEEN:", json.dumps([code, type(exc).__name__ if exc else None, engine.exit_signal()]), flush=True)
+
+engine.register_kind("probe", 0, finalize_one)
+probe = Probe()
+registry.record("probe", probe)
+engine.arm()
+ENDING
+"""
+
+ENDINGS = {  # ending: (code, exception, signal) seen by a finalizer at exit
+    "pass": (0, None, None),
+    "sys.exit(3)": (3, None, None),
+    "sys.exit(0)": (0, None, None),
+    "sys.exit('message')": (1, None, None),
+    "raise ValueError('x')": (1, "ValueError", None),
+    "raise KeyboardInterrupt": (None, "KeyboardInterrupt", None),  # the code is the integrations' call
+    "os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)": (143, None, 15),
+    # sys.exit() in another thread ends that thread only: the process code is unchanged.
+    "t = threading.Thread(target=sys.exit, args=(4,)); t.start(); t.join(); sys.exit(5)": (5, None, None),
+    # An override wins over what the process shows, during that call only.
+    "engine.finalize(exit_code=7); registry.record('probe', probe); sys.exit(2)": (7, None, None),
+}
+
+
+def probe(ending, timeout=30):
+    result = subprocess.run([sys.executable, "-c", PROBE.replace("ENDING", ending)],
+                            env=base_env(False, PYTHONPATH=ROOT), capture_output=True, text=True,
+                            timeout=timeout)
+    seen = [json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("SEEN:")]
+    return result, seen
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_exit_code_seen_by_a_finalizer(ending):
+    code, exception, signum = ENDINGS[ending]
+    result, seen = probe(ending)
+    assert seen, result
+    first = seen[0]
+    if code is not None:
+        assert first[0] == code, (ending, result)
+    assert first[1] == exception and first[2] == signum, (ending, result)
+    if ending.startswith("engine.finalize"):  # and the exit itself sees the process's own code again
+        assert [s[0] for s in seen] == [7, 2], result
+
+
+def test_finalize_is_safe_to_call_twice_and_forgets_what_it_finalized():
+    result, seen = probe("engine.finalize(); engine.finalize(); print('LIVE:', len(registry.live()))")
+    assert len(seen) == 1 and "LIVE: 0" in result.stdout, result
+
+
+STEPS = """
+import sys, time
+from autoteardown import engine, registry
+
+class Step:
+    def __init__(self, name, hang):
+        self.name, self.hang = name, hang
+
+budgets = {}
+
+def finalize_one(step, timeout):
+    budgets[step.name] = timeout
+    if step.hang:
+        time.sleep(3600)
+
+engine.register_kind("step", 0, finalize_one)
+steps = [Step(name, name == HANG) for name in ("a", "b", "c")]
+for step in steps:
+    registry.record("step", step)
+began = time.monotonic()
+engine.finalize(timeout=TIMEOUT)
+print("ELAPSED:", time.monotonic() - began)
+print("BUDGETS:", *[round(budgets.get(name, -1), 2) for name in "abc"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("hang", ["none", "a"])
+def test_a_hung_step_cannot_starve_the_steps_after_it(hang):
+    # Each step may take all the time left but about a second for each step after it
+    # (never less than its fair share): the budgets say so, and a hung first step
+    # leaves the others their time. Bounds from the timeout, plus a margin for load.
+    timeout = 4.0
+    code = STEPS.replace("HANG", repr(hang)).replace("TIMEOUT", repr(timeout))
+    result = subprocess.run([sys.executable, "-c", code], env=base_env(False, PYTHONPATH=ROOT),
+                            capture_output=True, text=True, timeout=timeout + 60)
+    assert result.returncode == 0, result
+    elapsed = float(result.stdout.split("ELAPSED:")[1].split()[0])
+    budgets = [float(b) for b in result.stdout.split("BUDGETS:")[1].split()]
+    assert all(b > 0 for b in budgets), result  # every step ran
+    assert budgets[0] <= timeout and budgets[0] >= timeout / 3, result
+    assert budgets[0] < budgets[2] or hang == "a", result  # later steps keep a reserve
+    if hang == "a":
+        assert elapsed < timeout + 1.0, result  # the deadline holds
+        assert budgets[0] <= timeout - 1.0, result  # a reserve of at least a second for the others
+    else:
+        assert elapsed < timeout, result
