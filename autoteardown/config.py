@@ -1,13 +1,28 @@
 """Configuration, read once from the environment.
 
-A bad value never raises: it gets one warning and the default.
+A bad value never raises: it gets one warning and the default. The warning is
+printed once per process tree: the processes this one starts (spawn DataLoader
+workers, torchrun ranks, Ray workers) inherit the value and stay quiet about it.
 """
 
 import os
+import sys
 
 from . import log
+from .integrations import TRIGGERS
 
-INTEGRATIONS = ("torch", "distributed", "tensorboard", "wandb", "ray", "mlflow")
+INTEGRATIONS = tuple(TRIGGERS)
+
+# Every variable, for `autoteardown --help` and the README: (name, meaning, default).
+VARIABLES = (
+    ("AUTOTEARDOWN_DISABLE", "1: do nothing at all", "off"),
+    ("AUTOTEARDOWN_DISABLED_INTEGRATIONS", "skip these integrations, comma-separated (* for all): "
+     + ",".join(INTEGRATIONS), "none"),
+    ("AUTOTEARDOWN_TIMEOUT", "seconds the whole exit teardown may take", "10"),
+    ("AUTOTEARDOWN_RAY_GRACE_S", "seconds a terminated Ray actor gets before its process is killed", "5"),
+    ("AUTOTEARDOWN_DEBUG", "1: say how it was activated, each patch, and a teardown report, on stderr", "off"),
+    ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process with its teardown report", "none"),
+)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -19,7 +34,7 @@ def _flag(name, default=False):
         return True
     if raw in _FALSE:
         return default
-    log.warning("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default)
+    log.warning_once("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default, tree=True)
     return default
 
 
@@ -32,7 +47,7 @@ def _seconds(name, default):
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        log.warning("%s=%r is not a positive number of seconds; using %g", name, raw, default)
+        log.warning_once("%s=%r is not a positive number of seconds; using %g", name, raw, default, tree=True)
         return default
     return value
 
@@ -44,9 +59,35 @@ def _integrations(name):
     names = {part.strip().lower() for part in raw.split(",") if part.strip()}
     unknown = sorted(names - set(INTEGRATIONS))
     if unknown:
-        log.warning("%s: unknown integration(s) %s ignored (known: %s)",
-                    name, ", ".join(unknown), ", ".join(INTEGRATIONS))
+        log.warning_once("%s: unknown integration(s) %s ignored (known: %s)",
+                         name, ", ".join(unknown), ", ".join(INTEGRATIONS), tree=True)
     return names & set(INTEGRATIONS)
+
+
+# Set by `autoteardown run` for the command it runs (and so its children).
+VIA_MARKER = "AUTOTEARDOWN_INTERNAL_VIA"
+
+
+def _activation():
+    """How autoteardown came to be imported in this process: sitecustomize, autoteardown-run,
+    Ray hook, PYTHONSTARTUP or import. Cheap: a look at sys.modules and the import's frames."""
+    try:
+        site = sys.modules.get("sitecustomize")
+        in_site = getattr(getattr(site, "__spec__", None), "_initializing", False)
+        if in_site:
+            return os.environ.get(VIA_MARKER) or "sitecustomize"
+        startup = os.environ.get("PYTHONSTARTUP")
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if f"{os.sep}ray{os.sep}" in filename:
+                return "Ray hook"
+            if startup and filename == startup:
+                return "PYTHONSTARTUP"
+            frame = frame.f_back
+    except Exception:
+        pass
+    return "import"
 
 
 DEBUG = _flag("AUTOTEARDOWN_DEBUG")
@@ -55,14 +96,22 @@ DISABLE = _flag("AUTOTEARDOWN_DISABLE")
 DISABLED_INTEGRATIONS = _integrations("AUTOTEARDOWN_DISABLED_INTEGRATIONS")
 TIMEOUT = _seconds("AUTOTEARDOWN_TIMEOUT", 10.0)
 RAY_GRACE = _seconds("AUTOTEARDOWN_RAY_GRACE_S", 5.0)  # as Ray Train's graceful-shutdown wait
+REPORT = os.environ.get("AUTOTEARDOWN_REPORT", "").strip() or None
+ACTIVATION = _activation()
+if DEBUG:
+    if DISABLE:
+        log.debug("AUTOTEARDOWN_DISABLE=1: doing nothing in this process (imported via %s)", ACTIVATION)
+    else:
+        log.debug("active in this process (via %s)", ACTIVATION)
 
 
 def summary():
-    """The config in effect, for `python -m autoteardown doctor` and debug output."""
+    """The config in effect, for `autoteardown doctor` and the teardown report."""
     return {
         "AUTOTEARDOWN_DISABLE": DISABLE,
         "AUTOTEARDOWN_DISABLED_INTEGRATIONS": sorted(DISABLED_INTEGRATIONS),
         "AUTOTEARDOWN_TIMEOUT": TIMEOUT,
         "AUTOTEARDOWN_DEBUG": DEBUG,
         "AUTOTEARDOWN_RAY_GRACE_S": RAY_GRACE,
+        "AUTOTEARDOWN_REPORT": REPORT,
     }

@@ -3,12 +3,20 @@
 `import logging` costs several milliseconds, and every Python process pays for
 `import autoteardown` when it sits in a sitecustomize, so the logger is made on
 first use. Debug calls return at once unless AUTOTEARDOWN_DEBUG=1.
+
+With AUTOTEARDOWN_DEBUG=1 every line carries the pid (and the rank, when RANK
+or LOCAL_RANK is set), so the lines of torchrun ranks and DataLoader workers
+sharing one stderr can be told apart.
 """
 
+import os
 import sys
 
 _debug = False
 _logger = None
+# Warnings already printed in this process tree: children inherit the environment, so a
+# spawn DataLoader worker or a torchrun rank does not repeat its parent's warning.
+TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
 
 def set_debug(enabled):
@@ -18,15 +26,30 @@ def set_debug(enabled):
         _logger.setLevel("DEBUG" if _debug else "WARNING")
 
 
+def is_debug():
+    return _debug
+
+
+def where():
+    """'pid 123' or 'pid 123 rank 1': who prints this line."""
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    return f"pid {os.getpid()}" + (f" rank {rank}" if rank else "")
+
+
 def get_logger():
     global _logger
     if _logger is None:
         import logging
 
+        class Formatter(logging.Formatter):
+            def format(self, record):
+                line = super().format(record)
+                return line.replace("autoteardown: ", f"autoteardown: [{where()}] ", 1) if _debug else line
+
         logger = logging.getLogger("autoteardown")
         if not logger.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("autoteardown: %(levelname)s: %(message)s"))
+            handler.setFormatter(Formatter("autoteardown: %(levelname)s: %(message)s"))
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel("DEBUG" if _debug else "WARNING")
@@ -49,10 +72,29 @@ def warning(msg, *args):
 _warned = set()
 
 
-def warning_once(msg, *args):
-    if msg not in _warned:
-        _warned.add(msg)
-        warning(msg, *args)
+def warning_once(msg, *args, tree=False):
+    """Warn once per distinct message (formatted, so two values give two lines).
+
+    tree=True: once per process tree; the processes this one starts stay quiet about it."""
+    try:
+        text = msg % args if args else msg
+    except Exception:
+        text = f"{msg} {args!r}"
+    if text in _warned:
+        return
+    _warned.add(text)
+    if tree:
+        import zlib
+
+        key = f"{zlib.crc32(text.encode()):08x}"
+        seen = os.environ.get(TREE_MARKER, "").split(",")
+        if key in seen:
+            return
+        try:
+            os.environ[TREE_MARKER] = ",".join([k for k in seen if k] + [key])
+        except Exception:
+            pass
+    warning("%s", text)
 
 
 def failure(label, exc):

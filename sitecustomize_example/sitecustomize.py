@@ -1,17 +1,16 @@
 """Activate autoteardown for every Python process that has this folder on PYTHONPATH:
 
-    PYTHONPATH=/path/to/sitecustomize_example python train.py
+    PYTHONPATH=/path/to/sitecustomize_example:/path/to/checkout python train.py
 
-Python imports only the first `sitecustomize` it finds, so this one then runs
-the one it shadows (a venv's or the system's), if there is one.
+This runs the sitecustomize that ships in the package (one source):
+autoteardown/bootstrap/sitecustomize.py; with a pip install use
+`PYTHONPATH=$(autoteardown sitecustomize-path)` instead of this folder.
+(autoteardown-bootstrap-sitecustomize)
 """
 
-try:
-    import autoteardown  # noqa: F401
-    from autoteardown.bootstrap import run_shadowed_sitecustomize
+import os as _os
 
-    run_shadowed_sitecustomize(__file__)
-except Exception as exc:  # never break the interpreter's start
-    import sys
-
-    sys.stderr.write(f"autoteardown: not activated: {exc}\n")
+_shipped = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))),
+                         "autoteardown", "bootstrap", "sitecustomize.py")
+with open(_shipped) as _f:
+    exec(compile(_f.read(), _shipped, "exec"))  # runs _activate(__file__) with this file's name

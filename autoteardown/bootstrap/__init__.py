@@ -1,26 +1,24 @@
 """Activation without touching the script.
 
-This folder holds a `sitecustomize.py`; `autoteardown-run` puts the folder on
-PYTHONPATH so that every Python process it starts (and their Python children)
-imports autoteardown first. Python imports only the first `sitecustomize` it
-finds, so ours then runs the one it shadows (a venv's or the system's).
+This folder holds a `sitecustomize.py`; `autoteardown run` puts the folder on
+PYTHONPATH (and `autoteardown sitecustomize-path` prints what to put there) so
+that every Python process started with it (and their Python children) imports
+autoteardown first. That file is stdlib-only until it imports autoteardown, and
+then runs the `sitecustomize` it shadows. `sitecustomize_example/` in the
+source tree runs this same file.
 """
 
-import importlib.machinery
-import importlib.util
 import os
-import sys
 
-_visited = set()  # our own sitecustomize folders, so that chained ones never loop
+FOLDER = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_shadowed_sitecustomize(own_file):
-    _visited.add(os.path.dirname(os.path.abspath(own_file)))
-    for entry in sys.path:
-        if os.path.abspath(entry or os.curdir) in _visited:
-            continue
-        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry])
-        if spec is not None and spec.loader is not None:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return
+def pythonpath_entries():
+    """What PYTHONPATH needs for the bootstrap: its folder, and the folder holding the
+    autoteardown package when that is not a site-packages (a checkout). Never a
+    site-packages: other Pythons would load its packages."""
+    entries = [FOLDER]
+    package_parent = os.path.dirname(os.path.dirname(FOLDER))
+    if os.path.basename(package_parent) not in ("site-packages", "dist-packages"):
+        entries.append(package_parent)
+    return entries
