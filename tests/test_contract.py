@@ -1,0 +1,171 @@
+"""The patch contract of every integration (as ddtrace's PatchTestCase), generated from
+integrations.TRIGGERS so that a new integration is covered the day it is declared.
+
+Each case runs in a fresh interpreter: the library imported before or after autoteardown,
+then patch() twice, unpatch(), patch() again, autoteardown reloaded and installed again,
+autoteardown.uninstall(). After each step every attribute the integration wrapped is
+wrapped exactly once (never a wrapper of our wrapper), and after unpatch()/uninstall()
+every one of them is the very original object again. What was wrapped is found by
+scanning the library's modules and classes for wrappers whose wrapper function lives in
+the integration's module, so nothing it wraps can escape the check.
+"""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, base_env
+
+from autoteardown.integrations import TRIGGERS
+
+# What each integration must at least wrap (the scan finds everything; this checks the scan).
+EXPECTED = {
+    "torch": {"torch.utils.data.dataloader.DataLoader._get_iterator",
+              "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader._get_iterator"},
+    "distributed": {"torch.distributed.init_process_group", "torch.distributed.new_group",
+                    "torch.distributed.distributed_c10d.init_process_group",
+                    "torch.distributed.distributed_c10d.new_group"},
+    "tensorboard": {"torch.utils.tensorboard.writer.SummaryWriter.__init__"},
+    "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init"},
+    "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
+            "ray.shutdown"},
+}
+
+CONTRACT = r"""
+import importlib, json, sys, types
+import wrapt
+
+NAME, ORDER, MODULES = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+OURS = "autoteardown.integrations." + NAME
+PREFIXES = sorted({m.split(".")[0] for m in MODULES})
+WRAPPERS = wrapt.FunctionWrapper.__mro__[1]  # _FunctionWrapperBase: FunctionWrapper and its bound form
+
+
+def imports():
+    # Only what imports here (torch.utils.tensorboard needs tensorboard installed).
+    global MODULES
+    imported = []
+    for module in MODULES:
+        try:
+            importlib.import_module(module)
+            imported.append(module)
+        except ImportError:
+            pass
+    MODULES = imported
+    if not imported:
+        print("SKIP: none of them imports here")
+        sys.exit(0)
+
+
+def is_ours(value):
+    # type(), not isinstance(): isinstance() would ask lazy proxies for __class__.
+    if not issubclass(type(value), WRAPPERS):
+        return False
+    wrapper = getattr(value, "_self_wrapper", None)
+    module = getattr(wrapper, "__module__", None) or ""
+    return module == OURS or module.startswith(OURS + "_")  # ray_driver.py etc. count as ray's
+
+
+def scan():
+    # {"module.attr" or "module.Class.attr": (owner, attr, value)} for every wrapper of ours.
+    found = {}
+    for module_name, module in list(sys.modules.items()):
+        if module is None or module_name.split(".")[0] not in PREFIXES:
+            continue
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            if is_ours(value):
+                found[f"{module_name}.{name}"] = (module, name, value)
+            elif type(value) is type or issubclass(type(value), type):
+                if getattr(value, "__module__", None) != module_name:
+                    continue  # a class is scanned where it is defined
+                for attr, member in list(vars(value).items()):
+                    if is_ours(member):
+                        found[f"{module_name}.{value.__qualname__}.{attr}"] = (value, attr, member)
+    return found
+
+
+def wrapped_once():
+    # {key: original} of what is wrapped now; each wrapped exactly once.
+    originals = {}
+    for key, (owner, attr, wrapper) in scan().items():
+        inner = wrapper.__wrapped__
+        assert not is_ours(inner), f"{key} is wrapped twice"
+        originals[key] = (owner, attr, inner)
+    return originals
+
+
+def same(a, b):
+    return {k: v[2] for k, v in a.items()} == {k: v[2] for k, v in b.items()} and all(
+        a[k][2] is b[k][2] for k in a)
+
+
+def restored(originals, step):
+    assert scan() == {}, f"{step}: still wrapped: {sorted(scan())}"
+    for key, (owner, attr, original) in originals.items():
+        assert vars(owner).get(attr) is original, f"{step}: {key} is not the original again"
+
+
+if ORDER == "before":
+    imports()
+    assert scan() == {}, "wrapped before autoteardown was imported"
+import autoteardown
+if ORDER == "after":
+    assert OURS not in sys.modules, "the integration was imported before its library"
+    imports()
+integration = sys.modules[OURS]
+
+first = wrapped_once()
+assert first, "nothing wrapped"
+integration.patch()
+integration.patch()
+assert same(wrapped_once(), first), "patch() twice changed what is wrapped"
+integration.unpatch()
+restored(first, "unpatch()")
+integration.patch()
+assert same(wrapped_once(), first), "patch() after unpatch() differs"
+importlib.reload(autoteardown)
+autoteardown.install()
+assert same(wrapped_once(), first), "reload and install() changed what is wrapped"
+autoteardown.uninstall()
+restored(first, "uninstall()")
+print("WRAPPED:", json.dumps(sorted(first)))
+print("IMPORTED:", json.dumps(MODULES))
+"""
+
+
+def modules_of(name):
+    """The integration's trigger modules whose top-level package is installed."""
+    return [m for m in TRIGGERS[name] if importlib.util.find_spec(m.split(".")[0]) is not None]
+
+
+def cases():
+    return [pytest.param(name, order, id=f"{name}-imported-{order}")
+            for name in TRIGGERS for order in ("before", "after")]
+
+
+@pytest.mark.parametrize("name, order", cases())
+def test_patch_contract(name, order):
+    if importlib.util.find_spec(f"autoteardown.integrations.{name}") is None:
+        pytest.skip(f"autoteardown.integrations.{name} does not exist yet")
+    modules = modules_of(name)
+    if not modules:
+        pytest.skip(f"none of {TRIGGERS[name]} is installed")
+    result = subprocess.run([sys.executable, "-c", CONTRACT, name, order, json.dumps(modules)],
+                            env=base_env(False, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    if result.stdout.startswith("SKIP:"):
+        pytest.skip(f"none of {modules} imports here")
+    wrapped = set(json.loads(result.stdout.split("WRAPPED:")[1].split("\n")[0]))
+    imported = json.loads(result.stdout.split("IMPORTED:")[1])
+    # The expected names of the packages imported (tensorboardX's when it is installed).
+    expected = {key for key in EXPECTED.get(name, ()) if any(key.startswith(m + ".") or key.startswith(
+        m.split(".")[0] + ".") for m in imported)}
+    assert expected <= wrapped, (sorted(expected - wrapped), sorted(wrapped))
+    assert "autoteardown" not in result.stderr, result.stderr  # no warning, no failure logged
