@@ -51,7 +51,7 @@ def test_hung_actors_stay_alive_without_the_shim(cleanup):
 
 
 def test_the_reaper_never_kills_a_reused_pid():
-    from autoteardown.integrations.ray import _kill_if_same_process
+    from autoteardown.integrations.ray_driver import _kill_if_same_process
 
     before = time.time() - 1
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -72,13 +72,14 @@ def test_runtime_env_hook_adds_the_shim_and_chains_what_was_there(monkeypatch):
     env = ray_runtime_env_hook(None)
     assert env["worker_process_setup_hook"] == "autoteardown.install"
     assert env["py_modules"][0].endswith("autoteardown")
+    assert env["py_modules"][1].endswith("wrapt")  # a cluster's Python may not have it
     assert ray_runtime_env_hook(env) == env  # applying it twice changes nothing
 
     env = ray_runtime_env_hook({"worker_process_setup_hook": "mypkg.setup", "py_modules": ["/x/mypkg"],
                                 "env_vars": {"A": "1"}})
     assert env["worker_process_setup_hook"] == "autoteardown.integrations.ray.setup_hook"
     assert env["env_vars"] == {"A": "1", "AUTOTEARDOWN_NEXT_SETUP_HOOK": "mypkg.setup"}
-    assert env["py_modules"][0] == "/x/mypkg" and len(env["py_modules"]) == 2
+    assert env["py_modules"][0] == "/x/mypkg" and len(env["py_modules"]) == 3
 
     monkeypatch.setenv("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "test_ray.users_own_hook")
     env = ray_runtime_env_hook({"pip": ["x"]})

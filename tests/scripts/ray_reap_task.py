@@ -7,7 +7,7 @@ import time
 import psutil
 import ray
 
-from autoteardown.integrations.ray import _remote_kill_on
+from autoteardown.integrations.ray_driver import _remote_kill_on
 
 ray.init()
 
@@ -29,6 +29,6 @@ print("PIDS:", pid, flush=True)
 requested_at = time.time()
 actor.__ray_terminate__.remote()
 time.sleep(1)
-print("KILLED:", ray.get(_remote_kill_on(node_id).remote(pid, requested_at), timeout=60))
+print("KILLED:", ray.get(_remote_kill_on(node_id).remote(pid, requested_at, time.time()), timeout=60))
 time.sleep(0.5)
 print("ALIVE:", *[pid] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" else [], flush=True)
