@@ -1,6 +1,6 @@
 """An unmodified training script tail: DataLoader and StatefulDataLoader with live
 workers at exit. Usage: dataloader_job.py MODE  (normal, exit3, raise, interrupt,
-sigterm, stuck, fork, faults)."""
+sigterm, stuck, fork)."""
 
 import atexit
 import os
@@ -73,24 +73,3 @@ if mode == "fork":
         next(batches)
         next(stateful_batches)
     print("PARENT DONE", flush=True)
-if mode == "faults":
-    # Fault injection (cannot be produced for real): one more resource kind whose
-    # finalizer raises for one object and hangs for another, before the DataLoaders.
-    import threading
-
-    from autoteardown import engine, registry
-
-    class Resource:
-        def __init__(self, fault):
-            self.fault = fault
-
-    def finalize_one(resource, timeout):
-        if resource.fault == "raise":
-            raise RuntimeError("injected")
-        threading.Event().wait()  # hangs forever
-
-    engine.register_kind("faulty", 1, finalize_one)
-    resources = [Resource("raise"), Resource("hang")]
-    for resource in resources:
-        registry.record("faulty", resource)
-    print("EXITING", flush=True)
