@@ -25,10 +25,12 @@ def _version():
 
 def environment_help():
     lines = ["environment (read by every process autoteardown is active in):"]
-    from .config import VARIABLES
+    from .config import INTERNAL_VARIABLES, VARIABLES
 
     for name, meaning, default in VARIABLES:
         lines.append(f"  {name}\n      {meaning} (default: {default})")
+    lines.append("  set by autoteardown for the processes it starts (not to be set by hand):\n      "
+                 + ", ".join(INTERNAL_VARIABLES))
     return "\n".join(lines)
 
 
@@ -78,7 +80,9 @@ def _parser(prog=PROG, run_only=False):
                           help="small jobs run without and with autoteardown, side by side (about a minute)",
                           description="Run small jobs that show each symptom autoteardown fixes, without and "
                                       "with it, and print what differs.")
-    demo.add_argument("--fail-job", help=argparse.SUPPRESS)  # tests only: make that job fail
+    demo.add_argument("--only", action="append", choices=("fork", "sigterm", "ray"), metavar="JOB",
+                      help="run only this job (fork, sigterm or ray; may be repeated)")
+    demo.add_argument("--fail-job", choices=("fork", "sigterm", "ray"), help=argparse.SUPPRESS)  # tests only
     sub.add_parser("sitecustomize-path", parents=[common],
                    help="print what to put on PYTHONPATH: PYTHONPATH=$(autoteardown sitecustomize-path)")
     return parser
@@ -130,7 +134,7 @@ def main(argv=None, prog=PROG):
     if args.subcommand == "demo":
         from .demo import demo
 
-        return demo(fail_job=args.fail_job)
+        return demo(fail_job=args.fail_job, only=args.only)
     if args.subcommand == "sitecustomize-path":
         print(os.pathsep.join(pythonpath_entries()))
         return 0

@@ -22,7 +22,11 @@ VARIABLES = (
     ("AUTOTEARDOWN_RAY_GRACE_S", "seconds a terminated Ray actor gets before its process is killed", "5"),
     ("AUTOTEARDOWN_DEBUG", "1: say how it was activated, each patch, and a teardown report, on stderr", "off"),
     ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process with its teardown report", "none"),
+    ("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "with RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: "
+     "the hook to call first (one you had set)", "none"),
 )
+# Set by autoteardown for the processes it starts; not for users to set.
+INTERNAL_VARIABLES = ("AUTOTEARDOWN_INTERNAL_VIA", "AUTOTEARDOWN_INTERNAL_WARNED", "AUTOTEARDOWN_NEXT_SETUP_HOOK")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -80,7 +84,11 @@ def _activation():
         frame = sys._getframe(1)
         while frame is not None:
             filename = frame.f_code.co_filename
-            if f"{os.sep}ray{os.sep}" in filename:
+            if os.path.basename(filename) in ("autoteardown", "autoteardown-run") or (
+                    frame.f_code.co_name == "_get_module_details"
+                    and frame.f_locals.get("mod_name") in ("autoteardown", "autoteardown.__main__")):
+                return "cli"  # the `autoteardown` command itself (or python -m autoteardown)
+            if f"{os.sep}ray{os.sep}_private{os.sep}" in filename:
                 return "Ray hook"
             if startup and filename == startup:
                 return "PYTHONSTARTUP"
@@ -98,9 +106,9 @@ TIMEOUT = _seconds("AUTOTEARDOWN_TIMEOUT", 10.0)
 RAY_GRACE = _seconds("AUTOTEARDOWN_RAY_GRACE_S", 5.0)  # as Ray Train's graceful-shutdown wait
 REPORT = os.environ.get("AUTOTEARDOWN_REPORT", "").strip() or None
 ACTIVATION = _activation()
-if DEBUG:
+if DEBUG and ACTIVATION != "cli":
     if DISABLE:
-        log.debug("AUTOTEARDOWN_DISABLE=1: doing nothing in this process (imported via %s)", ACTIVATION)
+        log.debug("AUTOTEARDOWN_DISABLE=1: imported (via %s) but doing nothing in this process", ACTIVATION)
     else:
         log.debug("active in this process (via %s)", ACTIVATION)
 

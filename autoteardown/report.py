@@ -7,7 +7,7 @@ Imported by the engine only when one of the two is set. Stdlib only; nothing her
 raises: a report that cannot be made is a debug line, never an error.
 
 The engine calls, in this order:
-    header(activation)            once per process, when it is armed
+    header(activation=None)       once per process, when it is armed (default: config.ACTIVATION)
     begin(trigger, code)          a teardown starts: what triggered it, the exit code handed on
     step(kind, obj, outcome, s)   one per resource (obj None: the kind's after-all step)
     end(seconds)                  the teardown is over
@@ -43,8 +43,9 @@ def _rank():
 
 
 @_safe
-def header(activation):
+def header(activation=None):
     global _header
+    activation = activation or config.ACTIVATION
     _header = {
         "version": getattr(sys.modules.get("autoteardown"), "__version__", None),
         "python": sys.version.split()[0],
