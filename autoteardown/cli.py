@@ -152,10 +152,3 @@ def run(argv=None):
         return exc.code if isinstance(exc.code, int) else 2
     return _exec(parser, args.command, getattr(args, "debug", False))
 
-
-def console_main():
-    sys.exit(main())
-
-
-def console_run():
-    sys.exit(run())
