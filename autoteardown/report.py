@@ -74,7 +74,7 @@ def step(kind, obj, outcome, seconds):
     if _teardown is not None:
         _teardown["steps"].append({"kind": kind, "resource": name, "outcome": outcome,
                                    "seconds": round(seconds, 4)})
-    log.debug("  %s %s: %s in %.3fs", kind, name, outcome, seconds)
+    log.debug("  %s in %.3fs: %s %s", outcome, seconds, kind, name)
 
 
 @_safe
@@ -112,7 +112,7 @@ def _append(path, line):
 
 # ---- naming resources --------------------------------------------------------
 
-_AFTER_ALL = {"wandb": "wandb-core (wandb.teardown)"}
+_AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)"}
 _EXITCODE_WORDS = {0: "stopped", -15: "terminated", -9: "killed"}
 
 
@@ -130,19 +130,23 @@ def describe(kind, obj):
 def _dataloader(it):
     workers = list(getattr(it, "_workers", None) or ())
     loader = "StatefulDataLoader" if "Stateful" in type(it).__name__ else "DataLoader"
-    pids = ", ".join(str(w.pid) for w in workers)
+    if not workers:
+        return f"{loader} (no workers)"
     states = []
     for w in workers:
         try:
             code = w.exitcode  # None while alive; only the parent can ask
         except Exception:
             code = None
-        if code is not None:
-            states.append(_EXITCODE_WORDS.get(code, f"exit {code}"))
-    text = f"{loader} {len(workers)} worker(s) (pid {pids})" if workers else f"{loader} (no workers)"
-    if states:
-        text += ": " + ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
-    return text
+        states.append(None if code is None else _EXITCODE_WORDS.get(code, f"exit {code}"))
+    pids = ", ".join(str(w.pid) for w in workers)
+    text = f"{loader} with {len(workers)} worker(s) (pid {pids}"
+    if len(set(states)) == 1 and states[0] is not None:
+        text += f": {states[0]}"
+    elif any(states):
+        text = f"{loader} with {len(workers)} worker(s) (" + ", ".join(
+            f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states))
+    return text + ")"
 
 
 def _wandb(run):
@@ -165,6 +169,8 @@ def _ray(obj):
     descriptor = getattr(obj, "_ray_actor_creation_function_descriptor", None)
     cls = getattr(descriptor, "class_name", None)
     actor_id = getattr(obj, "_ray_actor_id", None)
+    if descriptor is None and actor_id is None:
+        return None
     short = actor_id.hex()[:8] if actor_id is not None else "?"
     return f"actor {cls or 'Actor'} {short}"
 
@@ -181,7 +187,8 @@ def _tensorboard(writer):
 def _mlflow(obj):
     info = getattr(obj, "info", None)
     run_id = getattr(info, "run_id", None) or getattr(obj, "run_id", None) or (obj if isinstance(obj, str) else None)
-    return f"run {run_id}" if run_id else None
+    name = getattr(info, "run_name", None)
+    return (f"run {run_id}" + (f" ({name})" if name else "")) if run_id else None
 
 
 _DESCRIBE = {"dataloader": _dataloader, "wandb": _wandb, "ray": _ray, "process_group": _process_group,

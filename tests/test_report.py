@@ -1,0 +1,70 @@
+"""The teardown report (AUTOTEARDOWN_DEBUG=1, AUTOTEARDOWN_REPORT=path.jsonl): resources named
+as a user knows them, the trigger and exit code, one JSON line per process."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers import ROOT, base_env, free_port
+
+
+def test_describe_never_raises_and_falls_back_to_the_type_name():
+    from autoteardown import report
+
+    class Weird:
+        def __getattr__(self, name):
+            raise RuntimeError(name)
+
+    for kind in ("dataloader", "wandb", "ray", "process_group", "tensorboard", "mlflow", "unknown"):
+        assert report.describe(kind, Weird()) in ("Weird", "run", "DataLoader (no workers)"), kind
+    assert report.describe("wandb", None).startswith("wandb.teardown()")
+
+
+def test_report_is_not_imported_by_default():
+    code = "import sys, autoteardown, torch.utils.data; print('autoteardown.report' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], env=base_env(shim=False, PYTHONPATH=str(ROOT)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "False", result
+
+
+@pytest.mark.needs_torch
+def test_real_resources_are_named_as_the_user_knows_them(jobs, tmp_path):
+    out = tmp_path / "report.jsonl"
+    result = jobs.run("report_describe.py", tmp_path, shim=False, timeout=180,
+                      PYTHONPATH=str(ROOT), AUTOTEARDOWN_DISABLE=1, AUTOTEARDOWN_DEBUG=1,
+                      AUTOTEARDOWN_REPORT=out, PORT=free_port())
+    assert result.returncode == 0 and "DONE" in result.stdout, result
+    names = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("dataloader: ")]
+    assert re.fullmatch(r"dataloader: DataLoader with 2 worker\(s\) \(pid \d+, \d+\)", lines[0]), lines
+    assert re.fullmatch(r"dataloader: DataLoader with 2 worker\(s\) \(pid \d+, \d+: stopped\)", lines[1]), lines
+    assert re.fullmatch(r"dataloader: DataLoader with 2 worker\(s\) \(pid \d+: killed, pid \d+: running\)",
+                        lines[2]), lines
+    assert re.fullmatch(r"run \w+ \(describe-me\) in project autoteardown-tests", names["wandb"]), names
+    assert names["fork child wandb"] == names["wandb"]
+    assert names["process_group"] == "gloo group of 1 rank(s)"
+    assert names["tensorboard"] == f"SummaryWriter {tmp_path / 'tb'}"
+    assert re.fullmatch(r"run [0-9a-f]{32} \(described\)", names["mlflow"]), names
+    assert names["ray"] == "object" and names["nonesuch"] == "int" and names["broken wandb"] == "Broken"
+    actor_id = names["actor id"]
+    assert f"ray: actor Trainer {actor_id[:8]}" in result.stdout
+    # The stderr lines, each with the pid.
+    pid = re.search(r"\[pid (\d+)\] DEBUG: armed: autoteardown \S+ on Python \S+, activated by import",
+                    result.stderr).group(1)
+    for expected in ("teardown started by SIGTERM; exit code handed on: 143",
+                     "  finalized in 0.010s: dataloader DataLoader with 2 worker(s) (pid",
+                     "  failed: RuntimeError: injected in 0.030s: wandb wandb.teardown()",
+                     f"  left behind in 5.000s: ray actor Trainer {actor_id[:8]}",
+                     "teardown done in 5.060s: 2 finalized, 1 failed, 1 left behind"):
+        assert f"autoteardown: [pid {pid}] DEBUG: {expected}" in result.stderr, (expected, result.stderr)
+    # One JSON line for the process (the second, empty teardown adds none).
+    (line,) = out.read_text().splitlines()
+    data = json.loads(line)
+    assert data["pid"] == int(pid) and data["activation"] == "import" and data["trigger"] == "SIGTERM"
+    assert data["code"] == 143 and data["config"]["AUTOTEARDOWN_TIMEOUT"] == 10.0
+    assert [(s["kind"], s["outcome"]) for s in data["steps"]] == [
+        ("dataloader", "finalized"), ("wandb", "finalized"), ("wandb", "failed: RuntimeError: injected"),
+        ("ray", "left behind")]
