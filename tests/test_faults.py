@@ -12,58 +12,26 @@ in Ray's C++ teardown instead. Ray does not support forking a driver.
 """
 
 import os
+import re
 import signal
-import time
 
 import pytest
 
-from helpers import (ROOT, SITECUSTOMIZE, finish, in_session, kill_pids, noise, start, tracebacks, wait_for_line,
-                     wait_gone, wait_session_gone)
-from wandb_records import exit_codes, history_steps, records, run_files
+from helpers import (LOAD_MARGIN, ROOT, SITECUSTOMIZE, finish, noise, tracebacks, wait_for_line, wait_gone,
+                     wait_session_gone)
+
+TIMEOUT = 4.0  # AUTOTEARDOWN_TIMEOUT where the deadline is what is tested
+
+pytestmark = pytest.mark.needs_torch  # every fault here is met next to DataLoader workers
 
 STEPS = list(range(10))
 TAGS = ("PIDS", "CORE", "ACTOR", "ACTOR_CHILDREN")
 
 
-class Jobs:
-    """Scripts run in one WANDB_DIR; whatever is left in their sessions is killed at the end."""
-
-    def __init__(self, wandb_dir):
-        self.dir = wandb_dir
-        self.sessions = []
-
-    def start(self, script, *args, shim=True, **env):
-        env = {"WANDB_DIR": self.dir, "WANDB_CACHE_DIR": self.dir / "cache", **env}
-        proc = start(script, *args, shim=shim, env=env)
-        self.sessions.append(proc.pid)
-        return proc
-
-    def run(self, script, *args, timeout=120, **kwargs):
-        result = finish(self.start(script, *args, **kwargs), timeout)
-        result.ended = time.monotonic()
-        return result
-
-    def runs(self):
-        """(name, history steps, exit codes) of each run file, sorted."""
-        found = []
-        for recs in map(records, run_files(self.dir)):
-            name = [r.run.display_name for r in recs if r.HasField("run")][:1] or [None]
-            found.append((name[0], history_steps(recs), exit_codes(recs)))
-        return sorted(found)
-
-
-@pytest.fixture
-def jobs(tmp_path):
-    jobs = Jobs(tmp_path)
-    yield jobs
-    for sid in jobs.sessions:
-        kill_pids(in_session(sid))
-
-
 def assert_nothing_left(result):
     reported = [pid for tag in TAGS for pid in result.pids(tag)]
-    assert reported and wait_gone(reported, within=5.0) == [], result
-    assert wait_session_gone(result.pid, within=5.0) == [], result
+    assert reported and wait_gone(reported, within=LOAD_MARGIN) == [], result
+    assert wait_session_gone(result.pid, within=LOAD_MARGIN) == [], result
 
 
 def assert_quiet(result):
@@ -77,10 +45,10 @@ def warnings(result):
 # ---- faults -------------------------------------------------------------------
 
 def test_a_raising_and_a_hanging_finalizer_do_not_stop_the_others(jobs):
-    result = jobs.run("faults_job.py", "finalizers", AUTOTEARDOWN_TIMEOUT=4)
+    result = jobs.run("faults_job.py", "finalizers", AUTOTEARDOWN_TIMEOUT=TIMEOUT)
     exiting = float(result.stdout.split("EXITING:")[1].split()[0])
     assert result.returncode == 3, result
-    assert result.ended - exiting < 4 + 1, result  # the deadline holds
+    assert result.ended - exiting < TIMEOUT + LOAD_MARGIN, result  # the deadline holds
     assert jobs.runs() == [("main", STEPS, [3])], result  # wandb still finished, after both faults
     assert_quiet(result)
     found = warnings(result)
@@ -90,10 +58,11 @@ def test_a_raising_and_a_hanging_finalizer_do_not_stop_the_others(jobs):
 
 
 def test_wandb_core_killed(jobs):
-    result = jobs.run("faults_job.py", "killcore")
+    # With a deadline of 30 s, a wait for the dead wandb-core would show.
+    result = jobs.run("faults_job.py", "killcore", AUTOTEARDOWN_TIMEOUT=30)
     exiting = float(result.stdout.split("EXITING:")[1].split()[0])
     assert result.returncode == 3, result
-    assert result.ended - exiting < 2.0, result  # no wait for the dead wandb-core
+    assert result.ended - exiting < LOAD_MARGIN, result  # no wait for the dead wandb-core
     assert_quiet(result)
     found = warnings(result)
     assert len(found) == 1 and "wandb-core ended early (signal 9)" in found[0], result
@@ -174,8 +143,9 @@ def test_imported_twice_and_reloaded(jobs):
     for patched in ("patched DataLoader._get_iterator", "patched StatefulDataLoader._get_iterator",
                     "patched wandb.init"):
         assert debug.count(patched) == 1, result
-    assert debug.count("step(s) in") == 1, result  # one finalize pass
-    assert debug.count("finalized dataloader") == 2 and debug.count("finalized wandb Run") == 1, result
+    # One finalize pass (its debug line: "N step(s) in", "teardown: N steps in"); what it
+    # finalized shows in the one exit record above and in nothing left below.
+    assert len(re.findall(r"\b\d+ steps? in |\b\d+ step\(s\) in ", debug)) == 1, result
     assert_quiet(result)
     assert_nothing_left(result)
 
@@ -201,11 +171,13 @@ def test_unsupported_versions_are_warned_once_and_skipped(jobs, tmp_path):
     assert result.returncode == 3, result
     for line in ("PATCHED_TORCH: False", "PATCHED_RAY: False", "PATCHED_WANDB: True"):
         assert line in result.stdout, result
-    assert sorted(warnings(result)) == [
-        "autoteardown: WARNING: ray 2.30.0 is not supported (need >=2.40); Ray actors are left alone",
-        "autoteardown: WARNING: torch 1.13.1 is not supported (need >=2.0); DataLoader workers are left alone",
-        "autoteardown: WARNING: torch 1.13.1 is not supported (need >=2.0); process groups are left alone",
-    ], result
+    expected = [  # the supported range may gain an upper bound: "(need >=2.40,<2.61)"
+        r"autoteardown: WARNING: ray 2\.30\.0 is not supported \(need >=2\.40[^)]*\); Ray actors are left alone",
+        r"autoteardown: WARNING: torch 1\.13\.1 is not supported \(need >=2\.0[^)]*\); DataLoader workers are left alone",
+        r"autoteardown: WARNING: torch 1\.13\.1 is not supported \(need >=2\.0[^)]*\); process groups are left alone",
+    ]
+    found = sorted(warnings(result))
+    assert len(found) == 3 and all(re.fullmatch(e, f) for e, f in zip(expected, found)), result
     assert jobs.runs() == [("main", STEPS, [3])], result  # wandb, still supported, is still covered
     assert_quiet(result)
     assert_nothing_left(result)
@@ -221,8 +193,8 @@ def test_resources_made_and_dropped_by_threads_while_the_exit_begins(jobs):
     assert_quiet(result)
     assert warnings(result) == [], result
     pids = result.pids()
-    assert len(pids) > 10 and wait_gone(pids, within=5.0) == [], result
-    assert wait_session_gone(result.pid, within=5.0) == [], result
+    assert len(pids) > 10 and wait_gone(pids, within=LOAD_MARGIN) == [], result
+    assert wait_session_gone(result.pid, within=LOAD_MARGIN) == [], result
 
 
 def test_a_worker_forked_while_another_thread_is_in_the_registry(jobs):
@@ -231,5 +203,5 @@ def test_a_worker_forked_while_another_thread_is_in_the_registry(jobs):
     assert "BATCH:" in result.stdout, result  # not "TIMED OUT": the fork child did not deadlock
     assert_quiet(result)
     pids = result.pids()
-    assert wait_gone(pids, within=5.0) == [], result
-    assert wait_session_gone(result.pid, within=5.0) == [], result
+    assert wait_gone(pids, within=LOAD_MARGIN) == [], result
+    assert wait_session_gone(result.pid, within=LOAD_MARGIN) == [], result
