@@ -5,9 +5,13 @@ import subprocess
 import sys
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from helpers import base_env, noise, run, tracebacks
+pytestmark = pytest.mark.needs_torch
+pytest.importorskip("tensorboard")
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+
+from helpers import base_env, noise, run, tracebacks  # noqa: E402
 
 BACKENDS = ["torch", pytest.param("tensorboardX", marks=pytest.mark.skipif(
     importlib.util.find_spec("tensorboardX") is None, reason="tensorboardX is not installed"))]
@@ -33,12 +37,13 @@ def test_every_scalar_reaches_the_event_file(tmp_path, backend):
     assert noise(result.stderr) == [] and tracebacks(result.stderr) == 0, result
 
 
+@pytest.mark.baseline
 def test_without_the_shim_the_last_scalars_are_lost(tmp_path):
     # What is lost is what the writer thread has not written when the interpreter
     # stops it: 89 to 100 of 100 measured here, and all 100 in 2 to 5 runs of 20,
     # so the job is run until one loses scalars (closed=False is certain every time).
     kept = []
-    for attempt in range(10):
+    for attempt in range(3):
         logdir = tmp_path / str(attempt)
         result = job(logdir, shim=False)
         assert result.returncode == 0, result
