@@ -1,0 +1,67 @@
+"""A Ray Train job: a TorchTrainer with 2 CPU workers whose train function keeps
+a StatefulDataLoader iterator (2 workers) on a long-lived object and logs 10
+steps to wandb (offline) on rank 0, never calling finish(). Usage:
+ray_train_job.py return|raise|hang
+(raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
+their steps until the driver is stopped with SIGTERM.) Legacy v1 reserves a CPU
+for its trainer actor: the workers take half a CPU each.
+
+Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
+workers, wandb-core); the driver prints "FIT: ok|failed <error type>".
+RAY_TRAIN_V2_ENABLED=0 selects the legacy Train (v1)."""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import ray
+
+MODE = sys.argv[1]
+STEPS = 10
+
+
+def train_func():
+    import __main__
+
+    import psutil
+    import ray.train
+    import wandb
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    rank = ray.train.get_context().get_world_rank()
+    loader = StatefulDataLoader(list(range(1000)), batch_size=4, num_workers=2)
+    __main__.KEEP = iter(loader)  # long-lived, as a trainer's attribute would be
+    if rank == 0:
+        __main__.RUN = wandb.init(project="autoteardown-tests")
+    for step in range(STEPS):
+        next(__main__.KEEP)
+        if rank == 0:
+            __main__.RUN.log({"loss": 1.0 / (step + 1)})
+    import torch.distributed
+
+    torch.distributed.barrier()  # both ranks have done their steps (rank 0 its wandb.init)
+    children = [p.pid for p in psutil.Process().children(recursive=True)]
+    out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}")
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "children": children}, f)
+    os.replace(out + ".tmp", out)
+    if MODE == "raise" and rank == 0:
+        raise RuntimeError("the training function failed")
+    while MODE == "hang":
+        time.sleep(0.1)
+
+
+ray.init(num_cpus=2, include_dashboard=False)
+from ray.train import RunConfig, ScalingConfig  # noqa: E402
+from ray.train.torch import TorchTrainer  # noqa: E402
+
+trainer = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
+                       run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="atd-train-")))
+print("FIT: start", flush=True)
+try:
+    trainer.fit()
+    print("FIT: ok", flush=True)
+except Exception as exc:
+    print("FIT: failed", type(exc).__name__, flush=True)

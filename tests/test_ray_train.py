@@ -1,0 +1,84 @@
+"""Ray Train: rank 0's wandb run keeps its steps and gets the training function's
+exit status, and no Train worker, DataLoader worker or wandb-core is left.
+
+Ray Train v2 (the default in ray 2.60) ends its workers with
+`actor.shutdown.remote()`, a 5 s wait, then always `ray.kill`; the shim
+finalizes each worker in-band inside `RayTrainWorker.shutdown`. Legacy v1
+(RAY_TRAIN_V2_ENABLED=0) ends them with `__ray_terminate__`.
+Each script starts its own local Ray (num_cpus=2) in a subprocess."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from helpers import wait_for_line, wait_gone
+
+pytest.importorskip("ray.train.torch")
+pytestmark = pytest.mark.needs_torch
+
+STEPS = list(range(10))
+
+
+def ranks(out_dir):
+    found = {}
+    for path in sorted(out_dir.glob("rank*")):
+        if not path.name.endswith(".tmp"):
+            found[path.name] = json.loads(path.read_text())
+    return found
+
+
+def train(jobs, mode, shim=True, v2=True, stop=False):
+    out = jobs.dir / "ranks"
+    out.mkdir()
+    env = {"OUT_DIR": out, "RAY_TRAIN_V2_ENABLED": "1" if v2 else "0"}
+    proc = jobs.start("ray_train_job.py", mode, shim=shim, env=env)
+    started = time.monotonic()
+    before = ""
+    if stop:  # SIGTERM the driver once both ranks have logged their steps
+        _, before = wait_for_line(proc, "FIT: start", timeout=120)
+        while len(ranks(out)) < 2 and time.monotonic() - started < 180 and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+    result = jobs.finish(proc, timeout=240, started=started, before=before)
+    found = ranks(out)
+    pids = [p for rank in found.values() for p in [rank["pid"], *rank["children"]]]
+    jobs.track(pids)
+    return result, found, pids
+
+
+def rank0_run(jobs, result):
+    runs = jobs.runs()
+    assert len(runs) == 1, result
+    return runs[0][1], runs[0][2]
+
+
+@pytest.mark.parametrize("v2", [True, False], ids=["v2", "v1"])
+def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
+    result, found, pids = train(jobs, "return", v2=v2)
+    assert "FIT: ok" in result.stdout, result
+    assert len(found) == 2, result
+    assert rank0_run(jobs, result) == (STEPS, [0]), result
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+def test_train_function_that_raises_records_1(jobs):
+    result, found, pids = train(jobs, "raise")
+    assert "FIT: failed" in result.stdout, result
+    assert rank0_run(jobs, result) == (STEPS, [1]), result
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+def test_driver_sigterm_records_143_for_a_running_train_function(jobs):
+    result, found, pids = train(jobs, "hang", stop=True)
+    assert len(found) == 2, result
+    assert rank0_run(jobs, result) == (STEPS, [143]), result
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+@pytest.mark.baseline
+def test_train_v2_without_the_shim_loses_the_run(jobs):
+    result, found, pids = train(jobs, "return", shim=False)
+    assert rank0_run(jobs, result) != (STEPS, [0]), result
