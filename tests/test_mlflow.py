@@ -16,9 +16,12 @@ import urllib.request
 import psutil
 import pytest
 
-from helpers import base_env, free_port, kill_pids, noise, reported, tracebacks, wait_for_line, wait_gone
+from helpers import (LOAD_MARGIN, base_env, free_port, in_session, kill_pids, noise, reported, tracebacks,
+                     wait_for_line, wait_gone)
 
 pytest.importorskip("mlflow")
+# The read-back MlflowClient in this process: sqlalchemy deprecation noise from mlflow's store.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 METRICS = 10
 TIMEOUT = 3.0  # AUTOTEARDOWN_TIMEOUT of the server-gone tests
@@ -53,7 +56,7 @@ class Server:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.db}",
              "--default-artifact-root", str(folder / "artifacts")],
-            env=base_env(shim=False, **ENV), stdout=self.log, stderr=subprocess.STDOUT,
+            env=base_env(shim=False, **ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"), stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
@@ -83,7 +86,8 @@ class Server:
                 pass
 
     def stop(self):
-        pids = [p.pid for p in self.processes()]
+        # Its workers (uvicorn, the job runner) are its children, in its session.
+        pids = sorted({p.pid for p in self.processes()} | set(in_session(self.proc.pid)))
         self.signal(signal.SIGCONT)
         kill_pids(pids)
         self.proc.wait(timeout=30)
@@ -215,27 +219,37 @@ def exit_time(result):
     return result.ended - float(re.search(r"^END: (\S+)$", result.stdout, re.M).group(1))
 
 
-@pytest.mark.parametrize("how", ["killed", "stopped"])
-def test_a_server_gone_at_exit_holds_the_exit_no_longer_than_the_deadline(jobs, doomed_server, how, tmp_path):
-    result = exit_after_server_goes(jobs, doomed_server, how, tmp_path)
-    assert result.returncode == 0, result
-    assert exit_time(result) <= TIMEOUT + 1, result
+def check_left_running(result, db):
     [run_id] = run_ids(result)
+    assert result.returncode == 0, result
+    # The goal: the deadline + 1 s (measured: see the README); plus the suite's load margin.
+    assert exit_time(result) <= TIMEOUT + 1 + LOAD_MARGIN, result
     warnings = [line for line in result.stderr.splitlines() if "autoteardown" in line]
     assert len(warnings) == 1 and f"mlflow run {run_id} left RUNNING" in warnings[0], result
     assert noise(result.stderr) == [] and tracebacks(result.stderr) == 0, result
-    if how == "stopped":
-        doomed_server.signal(signal.SIGCONT)
-        doomed_server.stop()
     # The server's own store: every metric was logged, and the run could not be ended.
-    assert runs(f"sqlite:///{doomed_server.db}", [run_id]) == [("RUNNING", METRICS, False)]
+    assert runs(f"sqlite:///{db}", [run_id]) == [("RUNNING", METRICS, False)]
+
+
+def test_a_server_gone_at_exit_holds_the_exit_no_longer_than_the_deadline(jobs, doomed_server, tmp_path):
+    result = exit_after_server_goes(jobs, doomed_server, "killed", tmp_path)
+    check_left_running(result, doomed_server.db)
+
+
+def test_a_stopped_server_holds_the_exit_no_longer_than_the_deadline(jobs, server, tmp_path):
+    try:
+        result = exit_after_server_goes(jobs, server, "stopped", tmp_path)
+    finally:
+        server.signal(signal.SIGCONT)  # the module's server: the other tests go on using it
+    check_left_running(result, server.db)
 
 
 @pytest.mark.baseline
 def test_without_the_shim_a_server_gone_at_exit_holds_the_exit_for_minutes(jobs, doomed_server, tmp_path):
-    # mlflow's atexit end_run() retries for 255 s (measured, 3.17): we wait 3 times the deadline.
+    # mlflow's atexit end_run() retries for 255 s (measured, 3.17): we wait twice the shim's bound.
     with pytest.raises(AssertionError, match="hung"):
-        exit_after_server_goes(jobs, doomed_server, "killed", tmp_path, shim=False, timeout=3 * TIMEOUT)
+        exit_after_server_goes(jobs, doomed_server, "killed", tmp_path, shim=False,
+                               timeout=2 * (TIMEOUT + 1 + LOAD_MARGIN))
 
 
 # ---- inside a Ray actor ---------------------------------------------------------------
