@@ -113,7 +113,7 @@ def _append(path, line):
 # ---- naming resources --------------------------------------------------------
 
 _AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)"}
-_EXITCODE_WORDS = {0: "stopped", -15: "terminated", -9: "killed"}
+_EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
 
 
 def describe(kind, obj):
