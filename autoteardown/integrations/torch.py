@@ -76,6 +76,12 @@ def forget_in_child(it):
     # workers and hang its next(). Mark it done so the child never does.
     it._shutdown = True
     it._worker_pids_set = False
+    # multiprocessing believes the parent's workers are ours, and its exit function
+    # would SIGTERM them.
+    children = getattr(sys.modules.get("multiprocessing.process"), "_children", None)
+    for worker in getattr(it, "_workers", ()):
+        if children is not None:
+            children.discard(worker)
 
 
 def shutdown_workers(it, timeout):
