@@ -43,6 +43,29 @@ def test_hung_actors_end_within_the_grace_period(workers, shim, cleanup):
     assert reported(result, "BYSTANDER_ALIVE") == ["True"], result  # only the intended pids
 
 
+def test_gc_hang_actors_armed_only_through_the_runtime_env_are_gone_within_grace_plus_2s(cleanup):
+    # gc disabled, a cycle whose __del__ hangs: only the watchdog armed before
+    # gc.collect() ends the actor (the driver has no shim, so no reaper).
+    result = run("ray_hung_actors.py", "runtime_env", shim=False, env={"HANG": "gc"}, timeout=120)
+    cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
+    assert result.returncode == 0, result
+    assert reported(result, "ALIVE") == [], result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2, result
+
+
+def test_a_7s_finalizer_is_bounded_by_the_grace_with_a_warning_that_names_it(cleanup):
+    # One budget: the actor's in-band teardown gets the grace the reaper allows
+    # (minus a second), so the reaper never kills it half-way unannounced.
+    result = run("ray_hung_actors.py", "inherit", shim=True, env={"HANG": "slow", "WATCH_S": GRACE + 4},
+                 timeout=120)
+    cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
+    assert result.returncode == 0, result
+    assert reported(result, "ALIVE") == [], result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1, result
+    assert re.search(r"slow_finalizer.*(still running|left behind|deadline)", result.stderr), result
+
+
+@pytest.mark.baseline
 def test_hung_actors_stay_alive_without_the_shim(cleanup):
     result = run("ray_hung_actors.py", "off", shim=False, timeout=120)
     pids = reported(result, "PIDS")
@@ -114,6 +137,7 @@ def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanu
         assert reported(result, "ACTOR_GONE") == ["True"], result
 
 
+@pytest.mark.baseline
 def test_task_runner_without_the_shim_keeps_no_records(tmp_path, cleanup):
     result, pids, records = task_runner("end", False, tmp_path, cleanup)
     assert wandb_records.history_steps(records) == [] and wandb_records.exit_codes(records) == [], result

@@ -1,26 +1,32 @@
-"""A Ray cluster started separately (`ray start --head`, clean environment): the
-shim reaches its workers through RAY_RUNTIME_ENV_HOOK alone.
+"""Ray clusters started separately: the shim reaches their workers through
+RAY_RUNTIME_ENV_HOOK alone; a cluster whose Python has no wrapt; two nodes.
 
-A second node cannot be tested here: Ray refuses to join one to a head started
-with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, and with =1 it binds the machine's
-network address, and tests stay on loopback. The other-node reaping path (a
-zero-CPU task pinned to the actor's node) is exercised against the local node."""
+`ray start --head` (clean environment) for one node. `ray start --address` cannot
+add a second one here (Ray refuses to join a head started with
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, and =1 binds the machine's network address;
+tests stay on loopback), but ray.cluster_utils.Cluster can: head and second node
+both on 127.0.0.1. Every process of every cluster is killed by pid at the end.
+"""
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import psutil
 import pytest
 
 import wandb_records
-from helpers import ROOT, kill_pids, run
-from test_ray import reported
+from helpers import ROOT, alive, kill_pids, run, wait_gone
+from test_ray import GRACE, reported
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+# A venv with the same Ray and Python as this one, but no wrapt (see the README's Ray section).
+NO_WRAPT_RAY = os.environ.get("ATD_NO_WRAPT_RAY", "/work/venv-ray-nowrapt/bin/ray")
 
 
 def free_port():
@@ -44,8 +50,8 @@ def cluster_processes(marker):
     return sorted(found)
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def ray_start(ray):
     temp_dir = tempfile.mkdtemp(prefix="atd-ray-")  # short: Ray's socket paths must fit
     port = free_port()
     env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8",
@@ -53,13 +59,68 @@ def cluster():
            "ATD_TEST_CLUSTER": temp_dir}
     common = ["--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats"]
     try:
-        subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+        subprocess.run([ray, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
                         *common], env=env, check=True, capture_output=True, timeout=120)
         yield f"127.0.0.1:{port}"
     finally:
         # Ray's agents ignore SIGTERM and outlive a killed raylet: kill by pid.
         kill_pids(cluster_processes(temp_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_start(RAY) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def no_wrapt_cluster():
+    if not os.path.exists(NO_WRAPT_RAY):
+        pytest.skip(f"no Ray venv without wrapt at {NO_WRAPT_RAY} (set ATD_NO_WRAPT_RAY)")
+    python = os.path.join(os.path.dirname(NO_WRAPT_RAY), "python")
+    probe = subprocess.run([python, "-c", "import importlib.util as u, ray, sys; "
+                            "print(ray.__version__, sys.version_info[:2], u.find_spec('wrapt') is None)"],
+                           capture_output=True, text=True, timeout=60)
+    import ray
+
+    wanted = f"{ray.__version__} {sys.version_info[:2]} True"
+    if probe.stdout.strip() != wanted:
+        pytest.skip(f"{python}: {probe.stdout.strip() or probe.stderr[-200:]} (need {wanted})")
+    with ray_start(NO_WRAPT_RAY) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """ray.cluster_utils.Cluster: a head (2 CPUs) and a second node (1 CPU, resource
+    `second_node`), both on 127.0.0.1, started from this process in a clean environment."""
+    from ray.cluster_utils import Cluster
+
+    marker = tempfile.mkdtemp(prefix="atd-2n-")
+    saved = dict(os.environ)
+    for key in list(os.environ):
+        if key.startswith("AUTOTEARDOWN_") or key == "PYTHONPATH":
+            del os.environ[key]  # the nodes' workers get the shim only through a job's runtime_env
+    os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                       "PYTHONWARNINGS": "ignore", "ATD_TEST_CLUSTER": marker})
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
+                          head_node_args={"num_cpus": 2, "include_dashboard": False})
+        cluster.add_node(num_cpus=1, resources={"second_node": 1})
+        os.environ.clear()
+        os.environ.update(saved)
+        yield cluster.address
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        found = cluster_processes(marker)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.shutdown()
+        kill_pids(found + cluster_processes(marker))
+        shutil.rmtree(marker, ignore_errors=True)
 
 
 def driver_env(address, tmp_path, **extra):
@@ -92,3 +153,46 @@ def test_the_other_node_reaping_task_kills_a_hung_actor(cluster, tmp_path):
     assert result.returncode == 0, result
     assert reported(result, "KILLED") == ["True"], result
     assert reported(result, "ALIVE") == [], result
+
+
+# ---- a cluster whose Python has Ray but not wrapt -------------------------------
+
+def test_runtime_env_hook_works_on_a_cluster_without_wrapt(no_wrapt_cluster, tmp_path):
+    # The driver only runs the hook (autoteardown disabled in it): what ends the
+    # hung actors is the shim in the workers, with the wrapt the hook shipped.
+    env = driver_env(no_wrapt_cluster, tmp_path, RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook",
+                     PYTHONPATH=str(ROOT), AUTOTEARDOWN_DISABLE=1)
+    result = run("ray_hung_actors.py", "inherit", shim=False, env=env, timeout=180)
+    kill_pids([int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")])
+    assert result.returncode == 0, result
+    assert reported(result, "ALIVE") == [], result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2, result
+    assert "could not apply" not in result.stderr, result
+
+
+# ---- two nodes -----------------------------------------------------------------
+
+def test_a_hung_actor_on_the_other_node_is_gone_within_grace_plus_1s(two_nodes, tmp_path):
+    env = driver_env(two_nodes, tmp_path, HUNG_ON_NODE="second_node", WATCH_S=GRACE + 4)
+    result = run("ray_hung_actors.py", "off", shim=True, env=env, timeout=180)
+    kill_pids([int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")])
+    assert result.returncode == 0, result
+    assert reported(result, "ALIVE") == [], result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1, result
+    assert reported(result, "BYSTANDER_ALIVE") == ["True"], result
+
+
+@pytest.mark.parametrize("how", ["detached-job", "detached-option"])
+def test_a_detached_actor_keeps_its_run_open_after_the_driver_exits(two_nodes, how, tmp_path):
+    env = driver_env(two_nodes, tmp_path, RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook")
+    result = run("ray_task_runner.py", how, shim=True, env=env, timeout=180)
+    pids = [int(p) for p in reported(result, "ACTOR") + reported(result, "CHILDREN")]
+    try:
+        assert result.returncode == 0, result
+        time.sleep(2.0)  # what the driver's exit would have done to the actor is done by now
+        assert alive(pids[:1]) == pids[:1], result  # the service keeps running
+        records = wandb_records.records(wandb_records.run_files(tmp_path)[0])
+        assert wandb_records.exit_codes(records) == [], result  # its run is still open
+    finally:
+        kill_pids(pids)
+        wait_gone(pids, within=5.0)

@@ -1,7 +1,10 @@
 """A verl-style driver: a TaskRunner actor owns a StatefulDataLoader with workers
 and a wandb run (offline); the driver gets its result and then either simply
 ends or ends the actor with __ray_terminate__ or SIGTERM. Usage:
-ray_task_runner.py end|terminate|sigterm
+ray_task_runner.py end|terminate|sigterm|detached-job|detached-option
+(detached-job: the job's default_actor_lifetime is "detached"; detached-option:
+lifetime="detached"; either way the driver simply ends and the actor lives on,
+on a cluster started separately.)
 
 Prints the actor's pid, its DataLoader workers' and wandb-core's pids, and the
 number of steps it logged."""
@@ -32,19 +35,25 @@ class TaskRunner:
         return os.getpid(), children
 
 
+mode = sys.argv[1]
+job = {}
+if mode == "detached-job":
+    from ray.job_config import JobConfig
+
+    job = {"job_config": JobConfig(default_actor_lifetime="detached")}
 if os.environ.get("RAY_ADDRESS"):  # a cluster started separately: its workers need our wandb settings
     wandb_env = {k: v for k, v in os.environ.items() if k.startswith("WANDB_")}
-    ray.init(runtime_env={"env_vars": wandb_env})
+    ray.init(runtime_env={"env_vars": wandb_env}, **job)
 else:
-    ray.init(num_cpus=2, include_dashboard=False)
-runner = TaskRunner.remote()
+    ray.init(num_cpus=2, include_dashboard=False, **job)
+runner = (TaskRunner.options(lifetime="detached") if mode == "detached-option" else TaskRunner).remote()
 actor_pid, children = ray.get(runner.run.remote())
 print("ACTOR:", actor_pid)
 print("CHILDREN:", *children)
 print("STEPS:", STEPS, flush=True)
 print("END:", time.monotonic(), flush=True)  # for the exit-time benchmark
-if sys.argv[1] in ("terminate", "sigterm"):
-    if sys.argv[1] == "terminate":
+if mode in ("terminate", "sigterm"):
+    if mode == "terminate":
         runner.__ray_terminate__.remote()
     else:  # as Ray's raylet does to a worker it stops
         os.kill(actor_pid, 15)
