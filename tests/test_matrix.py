@@ -16,7 +16,9 @@ one way per test, through the sitecustomize example. Each cell asserts:
 Two cells leave Ray out, for reasons of Ray's own:
 - SIGTERM: ray.init replaces a default SIGTERM handler with one that calls
   sys.exit(15), so the shim's own handler (status -15, code 143) is only tested
-  without Ray; the cell with Ray checks status 15 and code 15.
+  without Ray; the cell with Ray checks the wandb code 15 and what is left, not the
+  status: Ray 2.60's C++ teardown then makes the process die of SIGABRT (-6) now and
+  then, with and without the shim (3 of 3 runs under load).
 - os.fork: a forked Ray driver's child hangs at exit in ray.shutdown() (Ray does
   not support forking a driver), with or without the shim (see the report in
   test_faults.py's module docstring).
@@ -34,14 +36,15 @@ import time
 
 import pytest
 
-from helpers import finish, in_session, kill_pids, noise, start, tracebacks, wait_for_line, wait_gone, \
-    wait_session_gone
-from wandb_records import exit_codes, history_steps, records, run_files
+from helpers import LOAD_MARGIN, Jobs, noise, tracebacks, wait_for_line, wait_gone, wait_session_gone
+
+pytestmark = pytest.mark.needs_torch
 
 STEPS = 10  # what matrix_job.py logs in each run
 ALL = "stateful,persistent,wandb,ray"
 NO_RAY = "stateful,persistent,wandb"
 BASELINE = "same as without the shim"
+RAYS = "Ray's own"  # not asserted: Ray's C++ teardown decides (15, or -6 with and without the shim)
 
 # A traceback that reaches the top level of a process with both wandb and Ray prints
 # twice, with or without the shim: wandb's sys.excepthook prints it and then calls the
@@ -63,7 +66,7 @@ CELLS = {
     "KeyboardInterrupt": ("interrupt", ALL, BASELINE, 255, "KeyboardInterrupt", TWICE),
     "SIGINT": ("sigint", ALL, BASELINE, 255, "KeyboardInterrupt", TWICE),
     "SIGTERM": ("sigterm", NO_RAY, -signal.SIGTERM, 128 + signal.SIGTERM, None, 0),
-    "SIGTERM, Ray's handler": ("sigterm", ALL, signal.SIGTERM, signal.SIGTERM, None, 0),
+    "SIGTERM, Ray's handler": ("sigterm", ALL, RAYS, signal.SIGTERM, None, 0),
     "exception in a thread": ("thread", ALL, 0, 0, "RuntimeError: the thread's own error", 1),
     "os.fork child": ("fork", NO_RAY, 0, 0, None, 0),
     "spawn children": ("spawn", ALL, 0, 0, "ValueError: the spawn child's own error", 1),
@@ -71,10 +74,8 @@ CELLS = {
 TAGS = ("PIDS", "CORE", "ACTOR", "ACTOR_CHILDREN")
 
 
-def run_cell(ending, resources, tmp_path, cleanup, shim=True):
-    env = {"WANDB_DIR": tmp_path, "WANDB_CACHE_DIR": tmp_path / "cache"}
-    proc = start("matrix_job.py", ending, resources, shim=shim, env=env)
-    cleanup.append(proc.pid)
+def run_cell(ending, resources, jobs, shim=True):
+    proc = jobs.start("matrix_job.py", ending, resources, shim=shim)
     before = ""
     if ending in ("sigterm", "sigint"):
         _, before = wait_for_line(proc, "READY", timeout=120)
@@ -82,35 +83,19 @@ def run_cell(ending, resources, tmp_path, cleanup, shim=True):
         # main thread holds a lock a finalizer needs is a known limit (test_faults.py).
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM if ending == "sigterm" else signal.SIGINT)
-    result = finish(proc, timeout=180)
-    result.stdout = before + result.stdout
-    return result
-
-
-@pytest.fixture
-def cleanup():
-    """Session ids of the scripts started: whatever is left in them is killed, by pid."""
-    sessions = []
-    yield sessions
-    for sid in sessions:
-        kill_pids(in_session(sid))
+    return jobs.finish(proc, timeout=180, before=before)
 
 
 @pytest.fixture(scope="module")
 def interrupt_baseline(tmp_path_factory):
     """The status of the KeyboardInterrupt ending without the shim (measured once)."""
-    sessions = []
+    jobs = Jobs(tmp_path_factory.mktemp("baseline"))
     try:
-        result = run_cell("interrupt", ALL, tmp_path_factory.mktemp("baseline"), sessions, shim=False)
+        result = run_cell("interrupt", ALL, jobs, shim=False)
     finally:
-        for sid in sessions:
-            kill_pids(in_session(sid))
-    assert result.returncode in (-signal.SIGINT, 1), result
+        jobs.cleanup()
+    assert result.returncode in (-signal.SIGINT, 1), result  # what we compare with: either is Python's
     return result.returncode
-
-
-def run_names(recs):
-    return [r.run.display_name for r in recs if r.HasField("run")][:1] or [None]
 
 
 def expected_runs(ending, resources, code):
@@ -121,17 +106,18 @@ def expected_runs(ending, resources, code):
         for child, child_code in (("normal", 0), ("raise", 1)):
             runs.append((f"spawn-{child}", list(range(STEPS)), [child_code]))
             runs.append(("actor", list(range(STEPS)), [0]))
-    return sorted(runs)
+    return sorted(runs, key=repr)
 
 
 @pytest.mark.parametrize("cell", CELLS)
-def test_cell(cell, tmp_path, cleanup, request):
+def test_cell(cell, jobs, request):
     ending, resources, status, code, error, traces = CELLS[cell]
     if status == BASELINE:
         status = request.getfixturevalue("interrupt_baseline")
-    result = run_cell(ending, resources, tmp_path, cleanup)
+    result = run_cell(ending, resources, jobs)
 
-    assert result.returncode == status, result
+    if status is not RAYS:
+        assert result.returncode == status, result
     if ending == "fork":
         assert result.pids("FORK_CHILD") == [0], result
     if ending == "spawn":
@@ -142,12 +128,10 @@ def test_cell(cell, tmp_path, cleanup, request):
     assert len(result.pids("PIDS")) == workers and result.pids("CORE"), result
     if "ray" in resources:
         assert result.pids("ACTOR") and result.pids("ACTOR_CHILDREN"), result  # the actor's wandb-core
-    assert wait_gone(reported, within=5.0) == [], result
-    assert wait_session_gone(result.pid, within=5.0) == [], result
+    assert wait_gone(reported, within=LOAD_MARGIN) == [], result
+    assert wait_session_gone(result.pid, within=LOAD_MARGIN) == [], result
 
-    runs = sorted((run_names(recs)[0], history_steps(recs), exit_codes(recs))
-                  for recs in map(records, run_files(tmp_path)))
-    assert runs == expected_runs(ending, resources, code), result
+    assert jobs.runs() == expected_runs(ending, resources, code), result
 
     assert noise(result.stderr) == [], result
     assert tracebacks(result.stderr) == traces, result

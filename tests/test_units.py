@@ -66,14 +66,17 @@ def clean_hook_env(monkeypatch):
 
 
 def test_runtime_env_hook_ships_and_installs_autoteardown(clean_hook_env):
-    assert hook(None) == {"py_modules": [PACKAGE], "worker_process_setup_hook": "autoteardown.install"}
+    shipped = hook(None)
+    assert sorted(shipped) == ["py_modules", "worker_process_setup_hook"], shipped
+    assert shipped["py_modules"][0] == PACKAGE, shipped  # and what it needs (wrapt), if anything
+    assert shipped["worker_process_setup_hook"] == "autoteardown.install"
 
 
 def test_runtime_env_hook_keeps_what_is_there_and_is_idempotent(clean_hook_env):
     given = {"py_modules": ["/some/module"], "env_vars": {"A": "1"}, "pip": ["x"]}
     once = hook(given)
     assert given == {"py_modules": ["/some/module"], "env_vars": {"A": "1"}, "pip": ["x"]}  # not mutated
-    assert once["py_modules"][0] == "/some/module" and len(once["py_modules"]) == 2
+    assert once["py_modules"][:2] == ["/some/module", PACKAGE], once
     assert once["env_vars"] == {"A": "1"} and once["pip"] == ["x"]
     assert hook(once) == once
 

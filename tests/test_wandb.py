@@ -133,9 +133,10 @@ def test_user_teardown_first(jobs):
 @pytest.mark.parametrize("shim", [True, WITHOUT_THE_SHIM])
 def test_wandb_core_killed_mid_run(jobs, ending, shim):
     # With a deadline of 30 s, a wait for the dead wandb-core would show; measured: 0.15 to 0.3 s.
+    # (Whether the script's own wandb.log then fails, "LOG FAILED", is wandb's business:
+    # 0.31 raises, 0.22 does not.)
     result = run(jobs, "one", ending, shim=shim, AUTOTEARDOWN_TIMEOUT=30)
     assert result.returncode == 0, result
-    assert ("LOG FAILED" in result.stdout) == (ending == "killcore_log"), result
     if shim:
         end = float(result.stdout.split("END:")[1].split()[0])
         assert result.ended - end < LOAD_MARGIN, result
