@@ -26,6 +26,12 @@ SHOWS, DID_NOT_SHOW = "shows symptom", "did not show"
 _config = None
 
 
+def _why(report):
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = (getattr(crash, "message", None) or str(report.longrepr)).strip().splitlines()
+    return (message[0] if message else "?")[:100]
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "baseline: shows a symptom WITHOUT the shim; its outcome is reported, never gating")
@@ -66,6 +72,8 @@ def pytest_runtest_logreport(report):
         return
     if hasattr(report, "wasxfail"):
         outcome = SHOWS if report.passed else DID_NOT_SHOW
+        if report.skipped:  # why not: an absent symptom, or a broken test?
+            outcome += f" ({_why(report)})"
     elif report.skipped:
         outcome = "skipped"
     elif report.failed:
@@ -84,7 +92,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not baselines:
         return
     terminalreporter.section("baselines (reported, not gating)")
-    lines = [f"{outcome:14} {nodeid}" for nodeid, outcome in sorted(baselines.items())]
+    lines = []
+    for nodeid, outcome in sorted(baselines.items()):
+        head, _, why = outcome.partition(" (")
+        lines.append(f"{head:14} {nodeid}" + (f"  ({why}" if why else ""))
     for line in lines:
         terminalreporter.write_line(line)
     shown = sum(o == SHOWS for o in baselines.values())
