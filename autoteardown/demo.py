@@ -94,7 +94,7 @@ print("ACTOR", ray.get(runner.fit.remote(STEPS)), flush=True)
 
 # name: (title, script, the line that shows the job's own code got where it should)
 JOBS = {
-    "fork": ("A DataLoader job whose os.fork() child ends normally", FORK_JOB, "FORKED"),
+    "fork": ("A DataLoader job whose os.fork() child ends normally", FORK_JOB, "PIDS"),
     "sigterm": (f"A DataLoader + wandb job stopped with SIGTERM after {STEPS} steps", SIGTERM_JOB, "READY"),
     "ray": ("A Ray job: a TaskRunner actor logs to wandb, a worker actor's teardown hangs", RAY_JOB, "ACTOR"),
 }

@@ -1,42 +1,113 @@
-"""`python -m autoteardown demo` and `doctor`, as a newcomer runs them."""
+"""`autoteardown demo` and `doctor`, as a newcomer runs them (through python -m autoteardown)."""
 
 import re
 import subprocess
 import sys
 
-from helpers import base_env
+import pytest
+
+from helpers import ROOT, base_env
+
+WIDTH, COL = 42, 13  # demo.report's layout
 
 
-def row(report, title):
-    match = re.search(rf"^{re.escape(title)}\s+(\S+(?: \(\S+\))?)\s+(\S+(?: \(\S+\))?)$", report, re.M)
-    assert match, (title, report)
-    return match.group(1), match.group(2)
+def demo(*args, timeout=400):
+    return subprocess.run([sys.executable, "-m", "autoteardown", "demo", *args],
+                          env=base_env(shim=False, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                          timeout=timeout)
 
 
-def test_demo_shows_the_symptoms_without_the_shim_and_none_with_it():
-    result = subprocess.run([sys.executable, "-m", "autoteardown", "demo"], env=base_env(shim=False),
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr
-    report = result.stdout
-    assert "[1/2] running the job without autoteardown" in report and "[2/2]" in report
-    steps = re.search(r"^job of (\d+) logged steps", report, re.M).group(1)
-    assert row(report, "wandb history steps kept") == ("0", steps)
-    assert row(report, "wandb exit record (code)") == ("missing", "yes (0)")
-    assert row(report, "zombie actors (DEAD, still running)") == ("1", "0")
-    assert row(report, "exit status") == ("0", "0")
-    assert row(report, "exit noise")[1] == "none"
+def rows(out):
+    """{(job number, row title): (without, with)} of the table."""
+    found, job = {}, None
+    for line in out.splitlines():
+        match = re.match(r"^(\d)\. ", line)
+        if match:
+            job = int(match.group(1))
+        elif job and line.startswith("   ") and not line.startswith("   ("):
+            found[(job, line[:WIDTH].strip())] = (line[WIDTH:WIDTH + COL].strip(), line[WIDTH + COL:].strip())
+        elif not line.strip():
+            job = None
+    return found
 
 
-def test_doctor_reports_versions_integrations_and_config():
+@pytest.fixture(scope="module")
+def full_demo():
+    return demo()
+
+
+@pytest.mark.needs_torch
+def test_every_row_differs_and_the_shim_column_is_clean(full_demo):
+    result = full_demo
+    assert result.returncode == 0, result
+    out = result.stdout
+    assert "settings: WANDB_MODE=offline" in out and "AUTOTEARDOWN_RAY_GRACE_S=2" in out, out
+    assert "Try it on your script:" in out and "autoteardown run python train.py" in out, out
+    table = rows(out)
+    assert table, out
+    for title, (without, with_) in table.items():
+        assert without != with_, (title, out)
+    expected_with = {(1, '"killed by signal" printed'): "no", (1, "exit status"): "0",
+                     (2, "wandb steps kept"): "10 of 10", (2, "wandb exit record"): "yes (143)",
+                     (3, "wandb steps kept (logged in the actor)"): "10 of 10", (3, "DEAD actors still running"): "0"}
+    for key, value in table.items():
+        if key in expected_with:
+            assert value[1] == expected_with[key], (key, out)
+    from autoteardown.demo import ROWS
+
+    legend = out.split("what the rows mean:")[1].split("\n\n")[0]
+    keys = {key for job in ROWS.values() for title, key, _ in job if any(t == title for _, t in table)}
+    for key in keys:  # a legend line for every kind of row shown
+        assert re.search(rf"^  {re.escape(key)}: \S", legend, re.M), (key, out)
+
+
+@pytest.mark.needs_torch
+@pytest.mark.baseline
+def test_without_the_shim_every_symptom_shows(full_demo):
+    table = rows(full_demo.stdout)
+    assert table[(1, '"killed by signal" printed')] == ("yes", "no"), full_demo.stdout
+    assert table[(2, "wandb steps kept")][0] == "0 of 10", full_demo.stdout
+    assert table[(2, "wandb exit record")][0] == "missing", full_demo.stdout
+    assert table[(3, "wandb steps kept (logged in the actor)")][0] == "0 of 10", full_demo.stdout
+    assert table[(3, "DEAD actors still running")][0] == "1", full_demo.stdout
+
+
+@pytest.mark.needs_torch
+def test_a_failed_job_makes_the_demo_fail_with_its_stderr():
+    result = demo("--only", "fork", "--fail-job", "fork", timeout=120)
+    assert result.returncode == 1, result
+    assert "[2/2] fork job with autoteardown ... " in result.stdout and "FAILED" in result.stdout, result
+    assert "The fork job with autoteardown failed" in result.stdout, result
+    assert "  | RuntimeError: failing on purpose (autoteardown demo --fail-job)" in result.stdout, result
+
+
+def test_doctor_reports_versions_integrations_activation_and_config():
     result = subprocess.run([sys.executable, "-m", "autoteardown", "doctor"],
-                            env=base_env(shim=False, AUTOTEARDOWN_TIMEOUT="later",
+                            env=base_env(shim=False, PYTHONPATH=str(ROOT), AUTOTEARDOWN_TIMEOUT="later",
                                          AUTOTEARDOWN_DISABLED_INTEGRATIONS="wandb"),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for name in ("torch", "torchdata", "wandb", "ray"):
+    for name in ("torch", "torchdata", "wandb", "ray", "psutil"):
         assert re.search(rf"^  {name}\s+\d", out, re.M), out
+    assert re.search(r"^  tensorboardX\s+not installed$", out, re.M), out  # not in the dev venv
     assert re.search(r"^  wandb\s+disabled by config", out, re.M), out
     assert re.search(r"^  torch\s+will patch when imported", out, re.M), out
+    assert "active for `python` here: no" in out, out
+    assert f"bootstrap sitecustomize: {ROOT / 'autoteardown' / 'bootstrap'}" in out, out
     assert "AUTOTEARDOWN_TIMEOUT = 10.0" in out
-    assert "AUTOTEARDOWN_TIMEOUT='later' is not a positive number" in result.stderr
+    assert result.stderr.count("AUTOTEARDOWN_TIMEOUT='later' is not a positive number") == 1, result.stderr
+    result = subprocess.run([sys.executable, "-m", "autoteardown", "doctor"], env=base_env(shim=True),
+                            capture_output=True, text=True, timeout=60)
+    assert "active for `python` here: yes, through sitecustomize" in result.stdout, result
+
+
+def test_doctor_finds_the_psutil_ray_bundles():
+    import importlib.util
+    import os
+
+    from autoteardown import doctor
+
+    folder = os.path.join(os.path.dirname(importlib.util.find_spec("ray").origin), "thirdparty_files")
+    bundled = [n for n in os.listdir(folder) if n.startswith("psutil-") and n.endswith(".dist-info")]
+    assert bundled and doctor._bundled_with_ray("psutil") == bundled[0][len("psutil-"):-len(".dist-info")]
