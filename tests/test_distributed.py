@@ -121,7 +121,7 @@ assert "torch.distributed" not in sys.modules
 import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d, device_mesh
 from autoteardown.integrations import distributed as integration
-originals = {name: original for _, name, original, _ in integration._rebound}
+originals = {name: original for _, name, original, _ in integration._patches._patched}
 assert sorted(originals) == ["init_process_group", "new_group"]
 for module in (dist, distributed_c10d, device_mesh):
     for name, original in originals.items():

@@ -21,31 +21,70 @@ def hook_name(integration):
 
 
 class Patches:
-    """What an integration wrapped, so that its unpatch() can put it back."""
+    """What an integration wrapped, so that its unpatch() can put it back.
+
+    Restored by identity, as ddtrace's `unwrap`: only where the attribute is still
+    our wrapper, never over a wrapper someone else put on top of ours."""
 
     def __init__(self):
-        self._originals = {}  # (class or module, attribute name) -> the original
+        self._patched = []  # (class or module, attribute name, original, our wrapper)
 
     def wrap(self, owner, name, wrapper):
-        """Wrap owner.name with wrapt, once. False if already wrapped or missing."""
+        """Wrap owner.name (its own attribute) with wrapt, once. False if already ours or missing."""
         import wrapt
 
-        from .. import log
-
-        if (owner, name) in self._originals or name not in vars(owner):
+        if name not in vars(owner) or any(o is owner and n == name for o, n, _, _ in self._patched):
             return False
-        self._originals[(owner, name)] = vars(owner)[name]
+        original = vars(owner)[name]
         wrapt.wrap_function_wrapper(owner, name, wrapper)
-        log.debug("patched %s.%s", getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
+        self._patched.append((owner, name, original, vars(owner)[name]))
+        _log_patched(owner, name)
         return True
 
+    def rebind(self, original, wrapper, package):
+        """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init;
+        torch.distributed re-exports distributed_c10d's functions): every attribute of a
+        module of `package` that is `original` gets the same wrapt FunctionWrapper.
+        The number of names rebound."""
+        import sys
+
+        import wrapt
+
+        if any(orig is original for _, _, orig, _ in self._patched):
+            return 0
+        ours = wrapt.FunctionWrapper(original, wrapper)
+        for module_name, module in list(sys.modules.items()):
+            if module is None or not (module_name == package or module_name.startswith(package + ".")):
+                continue
+            for name, value in list(vars(module).items()):
+                if value is original:
+                    setattr(module, name, ours)
+                    self._patched.append((module, name, original, ours))
+                    _log_patched(module, name)
+        return sum(orig is original for _, _, orig, _ in self._patched)
+
     def restore(self):
-        for (owner, name), original in self._originals.items():
-            setattr(owner, name, original)
-        self._originals.clear()
+        from .. import log
+
+        for owner, name, original, ours in reversed(self._patched):
+            if vars(owner).get(name) is ours:
+                setattr(owner, name, original)
+            else:
+                log.debug("%s.%s was replaced after we wrapped it; left as it is", _qualname(owner), name)
+        self._patched.clear()
 
     def __bool__(self):
-        return bool(self._originals)
+        return bool(self._patched)
+
+
+def _qualname(owner):
+    return getattr(owner, "__qualname__", getattr(owner, "__name__", owner))
+
+
+def _log_patched(owner, name):
+    from .. import log
+
+    log.debug("patched %s.%s", _qualname(owner), name)
 
 
 def version_tuple(text):

@@ -21,13 +21,13 @@ it only wraps functions and imports nothing more.
 import sys
 
 from .. import engine, log, registry
-from . import check_version
+from . import Patches, check_version
 
 KIND = "process_group"
 ORDER = 15
 FUNCTIONS = ("init_process_group", "new_group")
 SUPPORTED = "torch >= 2.0"
-_rebound = []    # (module, name, original, wrapper) for each name we rebound
+_patches = Patches()
 
 
 def get_version():
@@ -40,41 +40,24 @@ def unsupported_reason():
 
 def patch():
     dist = sys.modules.get("torch.distributed")
-    if _rebound or dist is None or not dist.is_available():
+    if _patches or dist is None or not dist.is_available():
         return
     reason = unsupported_reason()
     if reason:
         log.warning_once("%s; process groups are left alone", reason)
         return
-    import wrapt
-
     c10d = sys.modules["torch.distributed.distributed_c10d"]
     engine.register_kind(KIND, ORDER, destroy_group)
     for name in FUNCTIONS:
-        original = getattr(c10d, name)
         # torch.distributed and device_mesh bind the same function by name (torch 2.13).
-        _rebind(original, wrapt.FunctionWrapper(original, _record_group))
+        _patches.rebind(getattr(c10d, name), _record_group, "torch.distributed")
     engine.arm()
     if dist.is_initialized():  # initialized before autoteardown was imported
         _record(dist.group.WORLD)
-    log.debug("patched torch.distributed %s", ", ".join(FUNCTIONS))
 
 
 def unpatch():
-    for module, name, original, wrapper in _rebound:
-        if vars(module).get(name) is wrapper:
-            setattr(module, name, original)
-    _rebound.clear()
-
-
-def _rebind(original, wrapper):
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not module_name.startswith("torch.distributed"):
-            continue
-        for name, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, name, wrapper)
-                _rebound.append((module, name, original, wrapper))
+    _patches.restore()
 
 
 def _record_group(wrapped, instance, args, kwargs):

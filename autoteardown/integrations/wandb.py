@@ -25,13 +25,12 @@ import os
 import sys
 
 from .. import engine, log, registry
-from . import check_version
+from . import Patches, check_version
 
 KIND = "wandb"
 ORDER = 30
 SUPPORTED = "wandb >= 0.22, < 0.32"  # tested: 0.22.3, 0.26.1, 0.30.0, 0.31.0 (the private names below)
-INIT_NAMES = ("wandb", "wandb.sdk", "wandb.sdk.wandb_init")  # modules that bind the same `init`
-_original_init = None
+_patches = Patches()
 
 
 def get_version():
@@ -43,40 +42,26 @@ def unsupported_reason():
 
 
 def patch():
-    global _original_init
-    if _original_init is not None:
+    if _patches:
         return
     reason = unsupported_reason()
     if reason:
         log.warning_once("%s; wandb runs are left to wandb", reason)
         return
-    import wrapt
     from wandb.sdk import wandb_init
 
-    _original_init = wandb_init.init
-    wrapper = wrapt.FunctionWrapper(_original_init, _record_run)
-    for name in INIT_NAMES:
-        module = sys.modules.get(name)
-        if getattr(module, "init", None) is _original_init:
-            module.init = wrapper
+    # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
+    _patches.rebind(wandb_init.init, _record_run, "wandb")
     engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
     engine.arm()
     # Runs started before we were imported are not seen by the patched init:
     # take them from wandb's own list of unfinished runs.
     for run in _active_runs():
         _record(run)
-    log.debug("patched wandb.init (wandb %s)", get_version())
 
 
 def unpatch():
-    global _original_init
-    if _original_init is None:
-        return
-    for name in INIT_NAMES:
-        module = sys.modules.get(name)
-        if getattr(getattr(module, "init", None), "__wrapped__", None) is _original_init:
-            module.init = _original_init
-    _original_init = None
+    _patches.restore()
 
 
 def _record_run(wrapped, instance, args, kwargs):
