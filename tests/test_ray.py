@@ -114,6 +114,23 @@ def users_own_hook(runtime_env):
     return dict(runtime_env, env_vars={"SEEN": str(sorted(runtime_env))})
 
 
+SETUP_CALLS = []
+
+
+def users_setup_hook():
+    SETUP_CALLS.append(True)
+
+
+def test_setup_hook_runs_the_hook_it_replaced(monkeypatch):
+    # Ray 2.40 has no ray._common.utils: the loader falls back to ray._private.utils.
+    from autoteardown.integrations.ray import setup_hook
+
+    monkeypatch.setenv("AUTOTEARDOWN_NEXT_SETUP_HOOK", "test_ray.users_setup_hook")
+    SETUP_CALLS.clear()
+    setup_hook()
+    assert SETUP_CALLS == [True]
+
+
 def task_runner(mode, shim, tmp_path, cleanup):
     env = {"WANDB_DIR": tmp_path, "WANDB_CACHE_DIR": tmp_path / "cache"}
     result = run("ray_task_runner.py", mode, shim=shim, env=env, timeout=180)
