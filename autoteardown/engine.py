@@ -194,7 +194,17 @@ def _run_bounded(kind, obj, func, budget):
 
     started = time.monotonic()
     if _submit(step):
-        done.acquire(timeout=budget)
+        while True:
+            try:
+                done.acquire(timeout=max(0.0, started + budget - time.monotonic()))
+                break
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:
+                # A signal handler raised in the waiting (main) thread: torch's SIGCHLD
+                # handler does when the DataLoader workers die with us (torchrun SIGTERMs
+                # each rank's process group). Not the user's to see now; keep waiting.
+                log.debug("while waiting for %s: %s: %s", _name(kind, obj), type(exc).__name__, exc)
     else:
         # No runner and no new thread (Python 3.12.0-3.12.2 at shutdown): inline, and
         # should it hang, the process ends with the status it was going to have.
