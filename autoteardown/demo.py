@@ -87,7 +87,7 @@ class TaskRunner:
 
 if os.environ.get("DEMO_FAIL_ON_PURPOSE"):
     raise RuntimeError("failing on purpose (autoteardown demo --fail-job)")
-ray.init(num_cpus=2, include_dashboard=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False)  # a new local Ray, never a running one
 runner = TaskRunner.remote()
 print("ACTOR", ray.get(runner.fit.remote(STEPS)), flush=True)
 '''.replace("STEPS", str(STEPS))
