@@ -100,13 +100,22 @@ def version_tuple(text):
     return tuple(parts)
 
 
-def check_version(distribution, minimum, below=None):
-    """None when the installed `distribution` is within [minimum, below), else the reason."""
+def installed_version(distribution):
+    """The installed version of `distribution` (what each integration's get_version()
+    reports and its version check uses), or None. From package metadata: doctor asks
+    before anything is imported."""
     import importlib.metadata
 
     try:
-        found = importlib.metadata.version(distribution)
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_version(distribution, minimum, below=None):
+    """None when the installed `distribution` is within [minimum, below), else the reason."""
+    found = installed_version(distribution)
+    if found is None:
         return None  # not installed: nothing will be imported, nothing to patch
     version = version_tuple(found)
     if version < version_tuple(minimum) or (below and version >= version_tuple(below)):

@@ -21,7 +21,7 @@ it only wraps functions and imports nothing more.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version
+from . import Patches, check_version, installed_version
 
 KIND = "process_group"
 ORDER = 15
@@ -31,7 +31,7 @@ _patches = Patches()
 
 
 def get_version():
-    return getattr(sys.modules.get("torch"), "__version__", None)
+    return installed_version("torch")
 
 
 def unsupported_reason():

@@ -16,7 +16,7 @@ sync TensorBoard files (`wandb.init(sync_tensorboard=True)`) when it finishes.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version
+from . import Patches, check_version, installed_version
 
 KIND = "tensorboard"
 ORDER = 25
@@ -30,11 +30,7 @@ _patches = Patches()
 
 
 def get_version():
-    for name in ("tensorboard", "tensorboardX"):
-        version = getattr(sys.modules.get(name), "__version__", None)
-        if version:
-            return version
-    return None
+    return installed_version("tensorboard") or installed_version("tensorboardX")
 
 
 def unsupported_reason():

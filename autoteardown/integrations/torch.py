@@ -16,7 +16,7 @@ import sys
 import time
 
 from .. import engine, log, registry
-from . import Patches, check_version
+from . import Patches, check_version, installed_version
 
 KIND = "dataloader"
 ORDER = 10
@@ -29,8 +29,7 @@ _patches = Patches()
 
 
 def get_version():
-    torch = sys.modules.get("torch")
-    return getattr(torch, "__version__", None)
+    return installed_version("torch")
 
 
 def unsupported_reason():

@@ -16,7 +16,7 @@ process created (`reinit="create_new"` runs too; `wandb.run` holds only the
 latest), then call `wandb.teardown()`, which unregisters wandb's atexit hook
 and waits for wandb-core to write and exit. A later `finish()` is then a no-op.
 
-The exit code is the engine's (it sees sys.exit, sys.last_value and signals).
+The exit code is the engine's (`engine.ending()`: signals, the uncaught exception, sys.exit).
 We leave `sys.excepthook` alone: wandb's prints the traceback and then calls
 any hook that is not the default, so the user's traceback would print twice.
 """
@@ -25,7 +25,7 @@ import os
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version
+from . import Patches, check_version, installed_version
 
 KIND = "wandb"
 ORDER = 30
@@ -34,7 +34,7 @@ _patches = Patches()
 
 
 def get_version():
-    return getattr(sys.modules.get("wandb"), "__version__", None)
+    return installed_version("wandb")
 
 
 def unsupported_reason():
