@@ -159,3 +159,28 @@ def test_ctrl_c_during_the_users_finalize_is_raised_again(jobs):
     assert result.returncode == 0, result
     assert jobs.runs() == [("main", STEPS, [0])], result
     assert_nothing_left(result)
+
+
+TOOLS = """
+import sys
+taken = sys.argv[1] == "taken"
+if taken:  # a debugger and a profiler hold the ids we would take
+    sys.monitoring.use_tool_id(3, "profiler"); sys.monitoring.use_tool_id(4, "debugger")
+import autoteardown, wandb
+ours = lambda: [i for i in range(6) if sys.monitoring.get_tool(i) == "autoteardown"]
+first = ours()
+autoteardown.uninstall()
+after = ours()
+autoteardown.install()
+print(first, after, ours(), hasattr(sys.exit, "__wrapped__"))
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
+@pytest.mark.parametrize("ids", ["free", "taken"])
+def test_uninstall_and_install_use_one_monitoring_tool_id(ids):
+    result = subprocess.run([sys.executable, "-c", TOOLS, ids], env=base_env(True), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    expected = "[4] [] [4] False" if ids == "free" else "[] [] [] True"  # taken: sys.exit is watched instead
+    assert result.stdout.strip() == expected, result.stdout
