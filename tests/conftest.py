@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))  # `from helpers import ...` in ev
 
 import pytest  # noqa: E402
 
-from helpers import Jobs  # noqa: E402
+from helpers import Jobs, remove_ray_tmpdir  # noqa: E402
 
 SHOWS, DID_NOT_SHOW = "shows symptom", "did not show"
 _config = None
@@ -85,6 +85,10 @@ def pytest_runtest_logreport(report):
     if report.when == "teardown" and outcome == SHOWS:
         return
     baselines[report.nodeid] = outcome
+
+
+def pytest_unconfigure(config):
+    remove_ray_tmpdir()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -7,10 +7,12 @@ free_port(). Processes are killed by pid, never by name."""
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -27,11 +29,30 @@ SITECUSTOMIZE = ROOT / "sitecustomize_example"
 LOAD_MARGIN = float(os.environ.get("TESTS_LOAD_MARGIN", "5"))
 
 
+_ray_tmpdir = None
+
+
+def ray_tmpdir():
+    """This test run's own Ray temp dir (RAY_TMPDIR), short enough for Ray's socket paths.
+    `ray.init()` joins any cluster whose address it finds in its temp dir
+    (ray_current_cluster): with a dir of its own, a run never joins another's Ray."""
+    global _ray_tmpdir
+    if _ray_tmpdir is None:
+        _ray_tmpdir = tempfile.mkdtemp(prefix="at-ray-", dir="/tmp")
+    return _ray_tmpdir
+
+
+def remove_ray_tmpdir():
+    if _ray_tmpdir is not None:
+        shutil.rmtree(_ray_tmpdir, ignore_errors=True)
+
+
 def base_env(shim=True, **extra):
     env = dict(os.environ)
     for key in list(env):
         if key.startswith("AUTOTEARDOWN_"):
             del env[key]
+    env["RAY_TMPDIR"] = os.environ.get("RAY_TMPDIR") or ray_tmpdir()
     env["PYTHONPATH"] = os.pathsep.join([str(SITECUSTOMIZE), str(ROOT)]) if shim else ""
     env["WANDB_MODE"] = "offline"
     env["WANDB_SILENT"] = "true"
