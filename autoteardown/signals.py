@@ -50,7 +50,7 @@ from . import log
 WAIT_FOR_MAIN_THREAD = 1.0
 _engine = None       # engine.on_signal(signum, in_handler) and engine.on_stuck(signum)
 _pid = None          # the process whose helper thread runs
-_installed = False   # our handler is SIGTERM's (in _pid)
+_installed = None    # our handler is SIGTERM's (in _pid); None: not decided yet (main thread only)
 _pipe = None         # (read_fd, write_fd) waking the helper thread; the wakeup fd if it was free
 _own_wakeup = False
 _alarms = []         # [when (monotonic), action] kept by the helper thread
@@ -58,23 +58,24 @@ _alarm_lock = threading.Lock()
 
 
 def install(engine):
-    """Start the helper thread and route SIGTERM to us if its handler is the default.
-    False when this is not the main thread: arm() tries again later."""
+    """Start the helper thread (any thread) and, from the main thread, route SIGTERM to
+    us if its handler is the default. False off the main thread: arm() tries again later."""
     global _engine, _pid, _installed
+    if _pid != os.getpid():
+        _engine, _pid, _installed = engine, os.getpid(), None
+        _start_helper()
     if threading.current_thread() is not threading.main_thread():
         return False
-    if _pid == os.getpid():
-        return True
-    _engine, _pid = engine, os.getpid()
-    try:
-        _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        if _installed:
-            signal.signal(signal.SIGTERM, _handler)
-        else:
-            log.debug("SIGTERM already has a handler; leaving it alone")
-    except (ValueError, OSError):
-        _installed = False
-    _start_helper()
+    if _installed is None:
+        try:
+            _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+            if _installed:
+                signal.signal(signal.SIGTERM, _handler)
+                _take_wakeup_fd()
+            else:
+                log.debug("SIGTERM already has a handler; leaving it alone")
+        except (ValueError, OSError):
+            _installed = False
     return True
 
 
@@ -85,7 +86,7 @@ def uninstall():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:
             pass
-    _installed = False
+    _installed = None
     _stop_helper()
     _pid = None
 
@@ -99,7 +100,7 @@ def reset_in_child():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:
             pass
-    _pid, _installed = None, False
+    _pid, _installed = None, None
     _alarm_lock = threading.Lock()
     _alarms.clear()
     _stop_helper()
@@ -155,15 +156,18 @@ def _start_helper():
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     _pipe, _own_wakeup = (read_fd, write_fd), False
-    if _installed:
-        try:
-            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-            _own_wakeup = previous == -1
-            if not _own_wakeup:  # the fd is someone else's: keep it theirs
-                signal.set_wakeup_fd(previous)
-        except ValueError:
-            pass
     threading.Thread(target=_helper, args=(read_fd,), name="autoteardown-signals", daemon=True).start()
+
+
+def _take_wakeup_fd():
+    global _own_wakeup
+    try:
+        previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
+        _own_wakeup = previous == -1
+        if not _own_wakeup:  # the fd is someone else's: keep it theirs
+            signal.set_wakeup_fd(previous)
+    except ValueError:
+        pass
 
 
 def _stop_helper():
