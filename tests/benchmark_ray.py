@@ -1,10 +1,19 @@
-"""Ray benchmarks: print numbers, assert nothing. Run: python tests/benchmark_ray.py
+"""Ray benchmarks: print numbers, assert nothing.
+Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit]
 
-- time from __ray_terminate__ to a dead process for actors whose teardown
-  hangs (the goal: the grace period + 1 s at most);
-- driver exit time of the verl-style TaskRunner script, with and without the shim.
+- reap: time from __ray_terminate__ to a dead process for actors whose teardown
+  hangs, on this node (the goal: the grace period + 1 s at most);
+- two-node: the same for an actor on a second node (ray.cluster_utils.Cluster,
+  both nodes on 127.0.0.1), each run's figure and how many met grace + 1 s;
+- train: Ray Train (v2 where the Ray has it) rank 0's wandb steps kept, with and without the shim;
+- exit: driver exit time of the verl-style TaskRunner script, with and without the shim.
+Every process a run reports is killed by pid afterwards; the cluster by pid too.
 """
 
+import argparse
+import contextlib
+import json
+import os
 import re
 import statistics
 import subprocess
@@ -16,13 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import SCRIPTS, base_env, kill_pids  # noqa: E402
 
-RUNS = 3
+GRACE = 5.0
 
 
 def script(name, *args, shim, **env):
     started = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPTS / name), *args], env=base_env(shim, **env),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=400)
     return proc, time.monotonic() - started, time.monotonic()
 
 
@@ -31,18 +40,71 @@ def pids(out, tag):
     return [int(p) for p in match.group(1).split()] if match else []
 
 
-def reap_time(grace):
+def gone_after(proc):
+    match = re.search(r"^GONE_AFTER: (\S+)", proc.stdout, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
+def reap_times(runs, grace, **env):
     times = []
-    for _ in range(RUNS):
-        proc, _, _ = script("ray_hung_actors.py", "off", shim=True, AUTOTEARDOWN_RAY_GRACE_S=grace)
+    for _ in range(runs):
+        proc, _, _ = script("ray_hung_actors.py", "off", shim=True, AUTOTEARDOWN_RAY_GRACE_S=grace,
+                            WATCH_S=float(grace) + 5, **env)
         kill_pids(pids(proc.stdout, "PIDS") + pids(proc.stdout, "BYSTANDER"))
-        times.append(float(re.search(r"^GONE_AFTER: (\S+)", proc.stdout, re.M).group(1)))
-    return statistics.median(times)
+        times.append(gone_after(proc))
+    return times
 
 
-def driver_exit(shim):
+@contextlib.contextmanager
+def two_nodes():
+    from test_ray_cluster import cluster_processes
+    from ray.cluster_utils import Cluster
+
+    marker = tempfile.mkdtemp(prefix="atd-2n-")
+    saved = dict(os.environ)
+    for key in list(os.environ):
+        if key.startswith("AUTOTEARDOWN_") or key == "PYTHONPATH":
+            del os.environ[key]
+    os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+                       "ATD_TEST_CLUSTER": marker})
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
+                          head_node_args={"num_cpus": 2, "include_dashboard": False})
+        cluster.add_node(num_cpus=1, resources={"second_node": 1})
+        os.environ.clear()
+        os.environ.update(saved)
+        yield cluster.address
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        found = cluster_processes(marker)
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+        kill_pids(found + cluster_processes(marker))
+
+
+def train_steps(runs, shim):
+    kept = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as folder:
+            os.makedirs(folder + "/ranks")
+            proc, _, _ = script("ray_train_job.py", "return", shim=shim, WANDB_DIR=folder,
+                                WANDB_CACHE_DIR=folder + "/cache", OUT_DIR=folder + "/ranks")
+            for rank in Path(folder, "ranks").glob("rank?"):
+                info = json.loads(rank.read_text())
+                kill_pids([info["pid"], *info["children"]])
+            from wandb_records import exit_codes, history_steps, records, run_files
+
+            files = run_files(folder)
+            recs = records(files[0]) if files else []
+            kept.append((len(history_steps(recs)), exit_codes(recs)))
+    return kept
+
+
+def driver_exit(runs, shim):
     times = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         with tempfile.TemporaryDirectory() as folder:
             proc, _, ended = script("ray_task_runner.py", "end", shim=shim, WANDB_DIR=folder,
                                     WANDB_CACHE_DIR=folder + "/cache")
@@ -52,13 +114,37 @@ def driver_exit(shim):
     return statistics.median(times)
 
 
+def line(label, value):
+    print(f"{label:<62}{value}", flush=True)
+
+
 def main():
-    for grace in ("2", "5"):
-        print(f"{'__ray_terminate__ -> hung actor dead, grace ' + grace + ' s':<58}{reap_time(grace):8.2f} s")
-    with_shim, without = driver_exit(True), driver_exit(False)
-    print(f"{'TaskRunner driver exit, autoteardown':<58}{with_shim:8.2f} s")
-    print(f"{'TaskRunner driver exit, no shim (loses the wandb run)':<58}{without:8.2f} s  "
-          f"(x{with_shim / without:.2f})")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--only", default="reap,two-node,train,exit")
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    if "reap" in only:
+        for grace in ("2", "5"):
+            times = reap_times(args.runs, grace)
+            line(f"__ray_terminate__ -> hung actor dead, this node, grace {grace} s",
+                 f"median {statistics.median(times):.2f} s, max {max(times):.2f} s ({args.runs} runs)")
+    if "two-node" in only:
+        with two_nodes() as address:
+            times = reap_times(args.runs, str(GRACE), RAY_ADDRESS=address, RAY_AUTH_MODE="disabled",
+                               HUNG_ON_NODE="second_node")
+        met = sum(t <= GRACE + 1 for t in times)
+        line(f"__ray_terminate__ -> hung actor dead, second node, grace {GRACE:g} s",
+             f"{' '.join(f'{t:.2f}' for t in times)} s; within grace + 1 s: {met} of {len(times)}")
+    if "train" in only:
+        for shim in (True, False):
+            kept = train_steps(args.runs, shim)
+            line(f"Ray Train rank 0 steps kept of 10 (exit record), {'autoteardown' if shim else 'no shim'}",
+                 ", ".join(f"{n} ({codes})" for n, codes in kept))
+    if "exit" in only:
+        with_shim, without = driver_exit(args.runs, True), driver_exit(args.runs, False)
+        line("TaskRunner driver exit, autoteardown", f"{with_shim:.2f} s")
+        line("TaskRunner driver exit, no shim (loses the wandb run)", f"{without:.2f} s (x{with_shim / without:.2f})")
 
 
 if __name__ == "__main__":

@@ -65,6 +65,18 @@ def test_a_7s_finalizer_is_bounded_by_the_grace_with_a_warning_that_names_it(cle
     assert re.search(r"slow_finalizer.*(still running|left behind|deadline)", result.stderr), result
 
 
+def test_live_actors_finalize_in_parallel_at_driver_exit(tmp_path, cleanup):
+    # Three actors whose teardown takes 3 s each: asked all at once, they finish
+    # together (one after another, they would finish 3 s apart).
+    result = run("ray_busy_actors.py", env={"OUT_DIR": tmp_path, "FINALIZE_S": 3}, timeout=120)
+    pids = [int(p) for p in reported(result, "PIDS")]
+    cleanup += pids
+    assert result.returncode == 0, result
+    done = {p.name: p.stat().st_mtime for p in tmp_path.iterdir()}
+    assert sorted(done) == sorted(map(str, pids)), result
+    assert max(done.values()) - min(done.values()) < 2.0, (done, result)
+
+
 @pytest.mark.baseline
 def test_hung_actors_stay_alive_without_the_shim(cleanup):
     result = run("ray_hung_actors.py", "off", shim=False, timeout=120)
