@@ -38,7 +38,11 @@ ROWS = {
     ("tracker", "raise"): ("FINISHED", "FAILED"),
     ("tracker", "sigterm"): ("RUNNING", "KILLED"),
 }
-RETURNCODES = {"normal": 0, "raise": 1, "exit3": 3, "interrupt": -signal.SIGINT, "sigterm": -signal.SIGTERM}
+# Python dies of SIGINT after an uncaught KeyboardInterrupt only while SIGINT's handler is
+# its own: with mlflow 2.10 and a sqlite store it is not by then, and the script exits 1,
+# with or without the shim.
+RETURNCODES = {"normal": {0}, "raise": {1}, "exit3": {3}, "interrupt": {-signal.SIGINT, 1},
+               "sigterm": {-signal.SIGTERM}}
 TRACEBACKS = {"raise": 1, "interrupt": 1}
 
 
@@ -153,7 +157,7 @@ def ended(status):
 @pytest.mark.parametrize("what, ending", list(ROWS))
 def test_each_run_ends_with_the_right_status(jobs, store, what, ending):
     result = job(jobs, what, ending, store)
-    assert result.returncode == RETURNCODES[ending], result
+    assert result.returncode in RETURNCODES[ending], result
     ids = run_ids(result)
     assert len(ids) == 1, result
     assert runs(store, ids) == [ended(ROWS[what, ending][1])], result
@@ -166,7 +170,7 @@ def test_each_run_ends_with_the_right_status(jobs, store, what, ending):
 def test_without_the_shim_mlflow_records(jobs, tmp_path, what, ending):
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     result = job(jobs, what, ending, uri, shim=False)
-    assert result.returncode == RETURNCODES[ending], result
+    assert result.returncode in RETURNCODES[ending], result
     assert runs(uri, run_ids(result)) == [ended(ROWS[what, ending][0])], result
 
 
@@ -222,6 +226,7 @@ def exit_time(result):
 def check_left_running(result, db):
     [run_id] = run_ids(result)
     assert result.returncode == 0, result
+    print(f"exit {exit_time(result):.2f} s after the server went (deadline {TIMEOUT} s)")
     # The goal: the deadline + 1 s (measured: see the README); plus the suite's load margin.
     assert exit_time(result) <= TIMEOUT + 1 + LOAD_MARGIN, result
     warnings = [line for line in result.stderr.splitlines() if "autoteardown" in line]
@@ -255,6 +260,7 @@ def test_without_the_shim_a_server_gone_at_exit_holds_the_exit_for_minutes(jobs,
 # ---- inside a Ray actor ---------------------------------------------------------------
 
 def ray_job(jobs, tmp_path, shim):
+    pytest.importorskip("ray")
     uri = f"sqlite:///{tmp_path}/mlruns.db"
     result = jobs.run("mlflow_ray.py", shim=shim, env={**ENV, "MLFLOW_TRACKING_URI": uri}, timeout=180)
     jobs.track(reported(result.stdout, "ACTOR"))
@@ -305,7 +311,7 @@ assert mlflow.get_run(run.info.run_id).info.status == "FINISHED"
 os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "4"
 mlflow.set_tracking_uri(sys.argv[2])
 run = mlflow.MlflowClient(sys.argv[1]).create_run("0")  # not recorded: the caller ends it
-mlflow.tracking.fluent._active_run_stack.get().append(mlflow.tracking.fluent.ActiveRun(run))  # as start_run does
+integration._stack().append(mlflow.tracking.fluent.ActiveRun(run))  # as start_run does
 integration._record(mlflow.active_run(), integration._stack())
 autoteardown.finalize(timeout=2)
 assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 4

@@ -41,11 +41,12 @@ import _thread
 from _weakref import ref
 
 from .. import engine, log, registry
-from . import check_version
+from . import check_version, version_tuple
 
 KIND = "mlflow"
 ORDER = 28
 SUPPORTED = "mlflow >= 2.10, < 4"  # tested: 2.10.2, 3.17.2 (the private names below)
+MINIMUM, BELOW = "2.10", "4"
 START_NAMES = ("mlflow", "mlflow.tracking.fluent")  # modules that bind the same `start_run`
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 _original_start_run = None
@@ -59,8 +60,14 @@ def get_version():
 
 
 def unsupported_reason():
-    # mlflow-skinny provides the same `mlflow` package without the server.
-    return check_version("mlflow", "2.10", "4") or check_version("mlflow-skinny", "2.10", "4")
+    found = get_version()
+    if found is None:  # not imported (doctor): ask the installed distributions;
+        # mlflow-skinny provides the same `mlflow` package, without the server.
+        return check_version("mlflow", MINIMUM, BELOW) or check_version("mlflow-skinny", MINIMUM, BELOW)
+    # Imported: its own version, which costs nothing (the metadata look-ups cost 1-2 ms).
+    if version_tuple(MINIMUM) <= version_tuple(found) < version_tuple(BELOW):
+        return None
+    return f"mlflow {found} is not supported (need >={MINIMUM},<{BELOW})"
 
 
 def patch():
