@@ -170,9 +170,7 @@ def _run_steps(deadline, only, trigger):
         except (KeyboardInterrupt, SystemExit) as interrupted:
             log.warning("teardown interrupted (%s)", type(interrupted).__name__)
             return interrupted
-    elapsed = time.monotonic() - started
-    log.debug("teardown: %d step%s in %.3fs", len(steps), "s"[:len(steps) != 1], elapsed)
-    _report("end", elapsed)
+    _report("end", time.monotonic() - started)
     return None
 
 
@@ -224,8 +222,7 @@ def _run_bounded(kind, obj, func, budget):
         log.failure(name, outcome[0])
         _report("step", kind, obj, f"failed: {type(outcome[0]).__name__}: {outcome[0]}", elapsed)
     else:
-        log.debug("finalized %s in %.3fs", name, elapsed)
-        _report("step", kind, obj, "finalized", elapsed)
+        _report("step", kind, obj, "finalized", elapsed)  # the report is the debug output
 
 
 def _submit(step):
@@ -547,6 +544,7 @@ def _after_fork_in_child():
     _signal, _raise_after, _exit_status = None, False, None
     _idle.clear()
     _runners.clear()
+    registry.on_record = arm  # a child that makes resources of its own (a DataLoader, a run) arms itself
     if "autoteardown.signals" in sys.modules:
         sys.modules["autoteardown.signals"].reset_in_child()
     in_child = {kind: cb for _, kind, _, _, cb in _kinds if cb is not None}
