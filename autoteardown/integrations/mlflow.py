@@ -218,9 +218,11 @@ def _end(run_id, status, uri):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
-    current = client.get_run(run_id).info.status
-    if current in TERMINAL:
-        return f"already {current}"  # the user ended it through the client
+    info = client.get_run(run_id).info
+    if info.status in TERMINAL:
+        return f"already {info.status}"  # the user ended it through the client
+    if info.lifecycle_stage == "deleted":
+        return "deleted"  # mlflow.delete_run(): the store refuses to update it
     client.set_terminated(run_id, status)
     fluent = sys.modules.get("mlflow.tracking.fluent")
     monitor = getattr(fluent, "run_id_to_system_metrics_monitor", {}).pop(run_id, None)
