@@ -5,17 +5,19 @@ in `mlflow/tracking/fluent.py`: `end_run()`, status FINISHED, for the top of the
 *calling thread's* active-run stack only. Measured with a sqlite store:
 - an uncaught exception, `sys.exit(3)` and KeyboardInterrupt all record FINISHED;
 - SIGTERM with the default handler runs no hook: the run stays RUNNING forever;
-- a run started in another thread stays RUNNING (mlflow >= 2.16 keeps one stack
-  per thread, a `ThreadLocalVariable`; 2.10 has one global list);
+- a run started in another thread stays RUNNING (3.17 keeps one stack per thread,
+  a `ThreadLocalVariable`, since mlflow PR 13456 of October 2024; 2.10 has one
+  global list, which its hook does end);
 - against a tracking server that is gone, `end_run()` retries each HTTP call
-  (MLFLOW_HTTP_REQUEST_MAX_RETRIES, backoff factor 2, 120 s timeout): 255 s
-  at exit, and the run is RUNNING anyway.
+  (MLFLOW_HTTP_REQUEST_MAX_RETRIES 7, backoff factor 2, 120 s timeout): the
+  exit took 248 s here, and the run is RUNNING anyway.
 
 We wrap `mlflow.start_run` (where `mlflow` and `mlflow.tracking.fluent` bind
 it) and record each ActiveRun with the stack it was pushed on, so runs of any
 thread, nested and resumed (`run_id=`) ones included, are seen. At exit (order
-28: before wandb, whose runs may sync mlflow-adjacent files later, and before
-any atexit callback) each run still on its stack is taken off it first, so
+28, after TensorBoard writers: ending a run is one or two quick store calls, so
+it comes before wandb's teardown, which can take seconds; and before any atexit
+callback) each run still on its stack is taken off it first, so
 mlflow's own hook and a tracker's later `end_run()` (verl and SkyRL end runs in
 `__del__`) find nothing to end again, then ended with FINISHED, FAILED or KILLED
 (see `_status`). A run the user ended is left alone: `end_run()` and `with`
@@ -117,7 +119,7 @@ def unpatch():
 
 
 def _stack():
-    """The calling thread's active-run stack (the one list in mlflow < 2.16), or None."""
+    """The calling thread's active-run stack (the one global list in 2.10), or None."""
     stacks = getattr(sys.modules.get("mlflow.tracking.fluent"), "_active_run_stack", None)
     return stacks if isinstance(stacks, list) or stacks is None else stacks.get()
 
@@ -151,8 +153,8 @@ def _record(run, stack):
 
 
 def forget_in_child(run):
-    # mlflow resets its per-thread stacks in a fork child (>= 2.16); the parent's
-    # runs are the parent's to end, so the child forgets them too.
+    # mlflow 3.17 resets its per-thread stacks in a fork child; the parent's runs
+    # are the parent's to end, so the child forgets them too.
     _runs.pop(id(run), None)
 
 
