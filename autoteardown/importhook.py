@@ -54,9 +54,9 @@ def _call(hook, module):
         __import__(module_name)
         getattr(sys.modules[module_name], function)()
         log.debug("%s imported: %s took %.1f ms", module.__name__, hook, (time.perf_counter() - started) * 1e3)
-    except Exception:
-        log.warning("could not apply %s when %s was imported (set AUTOTEARDOWN_DEBUG=1 for details)",
-                    hook, module.__name__)
+    except Exception as exc:
+        log.warning("could not apply %s when %s was imported: %s: %s%s", hook, module.__name__, type(exc).__name__,
+                    exc, "" if log.is_debug() else " (set AUTOTEARDOWN_DEBUG=1 for the traceback)")
         log.debug_exception("hook %s failed", hook)
 
 

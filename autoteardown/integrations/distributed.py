@@ -44,7 +44,7 @@ def patch():
         return
     reason = unsupported_reason()
     if reason:
-        log.warning_once("%s; process groups are left alone", reason)
+        log.warning_once("%s; process groups are left alone", reason, tree=True)
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
     engine.register_kind(KIND, ORDER, destroy_group)

@@ -45,7 +45,7 @@ def patch():
             continue
         reason = check_version(distribution, minimum)
         if reason:
-            log.warning_once("%s; its SummaryWriters are left alone", reason)
+            log.warning_once("%s; its SummaryWriters are left alone", reason, tree=True)
             continue
         _patches.wrap(cls, "__init__", _record_writer)
     if _patches:

@@ -39,7 +39,7 @@ def unsupported_reason():
 def patch():
     reason = unsupported_reason()
     if reason:
-        log.warning_once("%s; DataLoader workers are left alone", reason)
+        log.warning_once("%s; DataLoader workers are left alone", reason, tree=True)
         return
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child)
     for module_name, class_name in TARGETS:
@@ -48,7 +48,7 @@ def patch():
             continue
         if "_get_iterator" not in vars(cls):
             log.warning_once("%s has no _get_iterator (unsupported version; need %s): not patched",
-                             class_name, SUPPORTED)
+                             class_name, SUPPORTED, tree=True)
             continue
         _patches.wrap(cls, "_get_iterator", _record_iterator)
     if _patches:

@@ -46,7 +46,7 @@ def patch():
         return
     reason = unsupported_reason()
     if reason:
-        log.warning_once("%s; wandb runs are left to wandb", reason)
+        log.warning_once("%s; wandb runs are left to wandb", reason, tree=True)
         return
     from wandb.sdk import wandb_init
 
