@@ -265,35 +265,24 @@ def _start_runner(idle=True):
 def _exit_now():
     code = ending()[0]
     log.warning("a teardown step hung and no thread could be started to wait for it; exiting with %d", code)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
+    sys.modules["autoteardown.signals"].flush_output()
     os._exit(code)
 
 
 def _name(kind, obj):
-    if obj is None:
-        return f"{kind} (after all its resources)"
     report = _reporter()
     if report is not None:
-        try:
-            return f"{kind} {report.describe(kind, obj)}"
-        except Exception:
-            pass
-    return f"{kind} {type(obj).__name__}"
+        return f"{kind} {report.describe(kind, obj)}"  # never raises
+    return f"{kind} {'(after all its resources)' if obj is None else type(obj).__name__}"
 
 
 def _reporter():
     """autoteardown.report, only when a report is asked for (it is not imported otherwise)."""
-    if not (config.DEBUG or os.environ.get("AUTOTEARDOWN_REPORT")):
-        return None
-    try:
+    if config.DEBUG or config.REPORT:
         from . import report
-    except ImportError:
-        return None
-    return report
+
+        return report
+    return None
 
 
 def _report(event, *args):

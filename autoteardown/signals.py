@@ -106,13 +106,17 @@ def reset_in_child():
     _stop_helper()
 
 
-def die(signum):
-    """End the process with `signum`, as its default action would have."""
+def flush_output():
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
+
+
+def die(signum):
+    """End the process with `signum`, as its default action would have."""
+    flush_output()
     try:
         signal.signal(signum, signal.SIG_DFL)
     except ValueError:
