@@ -63,7 +63,8 @@ print("END", time.monotonic(), flush=True)
 
 def python(code, *args, shim=True, timeout=300, **env):
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)],
-                          env=base_env(shim, **ENV, **env), capture_output=True, text=True, timeout=timeout)
+                          env=base_env(shim, **ENV, **env), capture_output=True, text=True, timeout=timeout,
+                          cwd=tempfile.gettempdir())  # not here: an older mlflow makes ./mlruns
     if proc.returncode != 0 and "END" not in proc.stdout:
         raise RuntimeError(proc.stderr[-2000:])
     return proc

@@ -46,6 +46,13 @@ RETURNCODES = {"normal": {0}, "raise": {1}, "exit3": {3}, "interrupt": {-signal.
 TRACEBACKS = {"raise": 1, "interrupt": 1}
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    # mlflow 2.10's sqlite store makes its default artifact root, ./mlruns, where it runs:
+    # here and in the scripts (they inherit the working directory).
+    monkeypatch.chdir(tmp_path)
+
+
 # ---- the tracking server -----------------------------------------------------
 
 class Server:
