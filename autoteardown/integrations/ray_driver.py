@@ -62,13 +62,17 @@ def _detached(lifetime):
 
     # lifetime=None takes the job's default (JobConfig(default_actor_lifetime=...)).
     worker = ray._private.worker.global_worker
-    job = worker.current_job_id.hex()
-    if job not in _detached_job:
-        from ray.core.generated import common_pb2
+    try:
+        job = worker.current_job_id.hex()
+        if job not in _detached_job:
+            from ray.core.generated import common_pb2
 
-        job_config = worker.core_worker.get_job_config()
-        _detached_job[job] = job_config.default_actor_lifetime == common_pb2.JobConfig.ActorLifetime.DETACHED
-    return _detached_job[job]
+            job_config = worker.core_worker.get_job_config()
+            _detached_job[job] = job_config.default_actor_lifetime == common_pb2.JobConfig.ActorLifetime.DETACHED
+        return _detached_job[job]
+    except Exception:  # Ray Client has no core worker here: as before, the driver's
+        log.debug_exception("could not read the job's default actor lifetime")
+        return False
 
 
 def _on_actor_method_call(wrapped, instance, args, kwargs):
