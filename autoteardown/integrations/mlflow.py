@@ -43,15 +43,14 @@ import _thread
 from _weakref import ref
 
 from .. import engine, log, registry
-from . import check_version, version_tuple
+from . import Patches, check_version, version_tuple
 
 KIND = "mlflow"
 ORDER = 28
 SUPPORTED = "mlflow >= 2.10, < 4"  # tested: 2.10.2, 3.17.2 (the private names below)
 MINIMUM, BELOW = "2.10", "4"
-START_NAMES = ("mlflow", "mlflow.tracking.fluent")  # modules that bind the same `start_run`
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
-_original_start_run = None
+_patches = Patches()
 _runs = {}      # id(ActiveRun) -> (weak ref to it, the stack it was pushed on, tracking URI)
 _bounded = {}   # thread ident -> deadline, for the threads ending runs at exit
 _env_patched = []  # mlflow environment-variable objects whose get() we bounded
@@ -73,8 +72,7 @@ def unsupported_reason():
 
 
 def patch():
-    global _original_start_run
-    if _original_start_run is not None:
+    if _patches:
         return
     fluent = sys.modules.get("mlflow.tracking.fluent")
     if fluent is None:
@@ -86,16 +84,9 @@ def patch():
         return
     reason = unsupported_reason()
     if reason:
-        log.warning_once("%s; mlflow runs are left to mlflow", reason)
+        log.warning_once("%s; mlflow runs are left to mlflow", reason, tree=True)
         return
-    import wrapt
-
-    _original_start_run = fluent.start_run
-    wrapper = wrapt.FunctionWrapper(_original_start_run, _record_run)
-    for name in START_NAMES:
-        module = sys.modules.get(name)
-        if getattr(module, "start_run", None) is _original_start_run:
-            module.start_run = wrapper
+    _patches.rebind(fluent.start_run, _record_run, "mlflow")  # mlflow and mlflow.tracking.fluent bind it
     engine.register_kind(KIND, ORDER, end_run, in_child=forget_in_child)
     engine.arm()
     # A run started before we were imported: take it from this thread's stack.
@@ -106,14 +97,7 @@ def patch():
 
 
 def unpatch():
-    global _original_start_run
-    if _original_start_run is None:
-        return
-    for name in START_NAMES:
-        module = sys.modules.get(name)
-        if getattr(getattr(module, "start_run", None), "__wrapped__", None) is _original_start_run:
-            module.start_run = _original_start_run
-    _original_start_run = None
+    _patches.restore()
     while _env_patched:
         vars(_env_patched.pop()).pop("get", None)
 

@@ -44,7 +44,7 @@ def patch():
         return
     reason = unsupported_reason()
     if reason:
-        log.warning_once("%s; Ray actors are left alone", reason)
+        log.warning_once("%s; Ray actors are left alone", reason, tree=True)
         return
     ray_driver.patch(_patches)
     ray_worker.patch(_patches)
