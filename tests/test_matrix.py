@@ -5,8 +5,9 @@ one way per test, through the sitecustomize example. Each cell asserts:
 
 - the exit status Python gives without the shim (a documented rule, or, for
   KeyboardInterrupt and SIGINT, the same script measured once without the shim);
-- no DataLoader worker, wandb-core, actor or actor child left, and nothing at all
-  left in the script's session (Ray's own processes included);
+- every DataLoader iterator shut down by the time the script's own atexit hook
+  runs (the shim finalizes first), no DataLoader worker, wandb-core, actor or actor
+  child left, and nothing at all left in the script's session (Ray's included);
 - every wandb run complete (all history steps) with the right exit code: the
   script's own run the process's code (wandb's conventions: 255 for
   KeyboardInterrupt, 128+n for a signal), an actor's run 0 (its process did not
@@ -122,6 +123,12 @@ def test_cell(cell, jobs, request):
         assert result.pids("FORK_CHILD") == [0], result
     if ending == "spawn":
         assert "SPAWN_CHILD: normal 0" in result.stdout and "SPAWN_CHILD: raise 1" in result.stdout, result
+
+    # What the script's own atexit hook saw: the shim had shut the workers down before
+    # it (torch does so, if at all, only later). A SIGTERM's exit may skip atexit.
+    at_exit = re.search(r"^AT EXIT: loaders shut down (\d+) of (\d+)$", result.stdout, re.M)
+    if at_exit or ending != "sigterm":
+        assert at_exit and at_exit.group(1) == at_exit.group(2) == "2", result
 
     reported = [pid for tag in TAGS for pid in result.pids(tag)]
     workers = 4 * (3 if ending == "spawn" else 1)

@@ -25,6 +25,8 @@ Prints, for the test to check and clean up:
   ACTOR: actor pids                  ACTOR_CHILDREN: pids of the actor's children
   FORK_CHILD: status of the fork child as os.waitstatus_to_exitcode gives it
   SPAWN_CHILD: NAME exitcode
+  AT EXIT: loaders shut down N of M  (from an atexit hook of the script's own,
+           registered last so it runs first: what was already shut down then)
 """
 
 import multiprocessing
@@ -121,6 +123,22 @@ def make_all(kinds, name):
     return held
 
 
+def report_at_exit(held):
+    # The shim finalizes before the libraries' exit hooks and before atexit; torch
+    # shuts its workers down only later (or not at all): so this sees the shim's work.
+    main_pid = os.getpid()
+
+    def at_exit():
+        if os.getpid() == main_pid:  # not in a fork child
+            iterators = held["iterators"]
+            done = sum(getattr(it, "_shutdown", None) is True for it in iterators)
+            report("AT EXIT", f"loaders shut down {done} of {len(iterators)}")
+
+    import atexit
+
+    atexit.register(at_exit)
+
+
 def use(held):
     """Show that every resource still works."""
     for it in held["iterators"]:
@@ -146,6 +164,7 @@ def main():
     # Held to the end, as a training script's trainer is. (An actor whose last handle
     # is dropped just before exit is ended by Ray on its own: see test_faults.py.)
     held = HELD = make_all(kinds, "main")
+    report_at_exit(held)
 
     if ending == "raise":
         raise ValueError("the user's own error")
