@@ -62,6 +62,24 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs torch"))
 
 
+# Where torch is missing (the no-torch CI legs), a test module that cannot be imported
+# for want of torch's world is skipped, not a collection error; with torch installed
+# (the main leg) such an ImportError still fails.
+TORCH_WORLD = ("torch", "torchdata", "ray.train", "lightning", "tensorboard")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and isinstance(collector, pytest.Module) and _torch_missing():
+        text = str(report.longrepr)
+        if "ImportError" in text and any(f"'{name}" in text or f" {name}" in text for name in TORCH_WORLD):
+            last = [line for line in text.splitlines() if line.startswith("E ")][-1:] or ["ImportError"]
+            report.outcome = "skipped"
+            report.longrepr = (str(collector.path), 0, f"needs torch: {last[0][1:].strip()[:120]}")
+
+
 def pytest_runtest_logreport(report):
     # A baseline's outcome is that of its first phase that is not a pass (setup or call),
     # else its call phase.
