@@ -326,17 +326,20 @@ def _multiprocessing_exitcode(frame):
 
 # ---- signals (called by signals.py) -----------------------------------------
 
-def on_signal(signum, in_handler):
-    """A SIGTERM for us to handle. True: the main thread should unwind (SystemExit)."""
+def on_signal(signum, in_handler, again=False):
+    """A SIGTERM for us to handle. True: the main thread should unwind (SystemExit).
+    again: the handler put the unwinding off (signals.py) and asks once more."""
     global _signal, _raise_after
     with _lock:
-        if _signal is not None:
-            return False  # a second SIGTERM: the first one's teardown and deadline stand
-        _signal = (signum, time.monotonic())
+        first = _signal is None
+        if first:
+            _signal = (signum, time.monotonic())
+    if not (first or again):
+        return False  # a second SIGTERM: the first one's teardown and deadline stand
     from . import signals
 
-    # Whoever ends the process, it ends within the deadline counted from the signal.
-    signals.alarm(_signal[1] + config.TIMEOUT / 2, _overdue)
+    if first:  # whoever ends the process, it ends within the deadline counted from the signal
+        signals.alarm(_signal[1] + config.TIMEOUT / 2, _overdue)
     if _exit_done:
         signals.die(signum)
     if _exiting:

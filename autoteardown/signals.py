@@ -24,6 +24,8 @@ Ray's worker handler), and so do we:
   after its graceful SIGTERMException). Finalizing there would end the wandb run
   and the DataLoader workers before the caller's own code used them.
 - A second (third...) SIGTERM does nothing: the first one's deadline stands.
+- Caught in the middle of multiprocessing's file-descriptor handoff (how a
+  DataLoader worker passes a batch), the unwinding waits until it is done.
 - A helper thread (started when armed) bounds everything: it sees each
   SIGTERM through `signal.set_wakeup_fd`, and if the main thread has not run our
   handler within WAIT_FOR_MAIN_THREAD (it is stuck in C code: a gloo barrier kept
@@ -48,6 +50,10 @@ import time
 from . import log
 
 WAIT_FOR_MAIN_THREAD = 1.0
+RETRY_UNWIND = 0.02
+# multiprocessing's file-descriptor handoff (torch's DataLoader passes tensors this way)
+_HANDOFF = (os.path.join("multiprocessing", "resource_sharer.py"), os.path.join("multiprocessing", "reduction.py"))
+_unwind_pending = False
 _engine = None       # engine.on_signal(signum, in_handler) and engine.on_stuck(signum)
 _pid = None          # the process whose helper thread runs
 _installed = None    # our handler is SIGTERM's (in _pid); None: not decided yet (main thread only)
@@ -94,7 +100,8 @@ def uninstall():
 def reset_in_child():
     """A fork child gets the default SIGTERM back (the parent's helper thread is not
     here to bound anything) and never writes into the parent's pipe."""
-    global _pid, _installed, _alarm_lock
+    global _pid, _installed, _alarm_lock, _unwind_pending
+    _unwind_pending = False
     if signal.getsignal(signal.SIGTERM) is _handler:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -151,8 +158,25 @@ def _handler(signum, frame):
     if signal.getsignal(signum) is not _handler:
         log.debug("SIGTERM: called by the handler that replaced ours; it decides")
         return
-    if _engine.on_signal(signum, True):
+    global _unwind_pending
+    if _engine.on_signal(signum, True, again=_unwind_pending):
+        if _in_handoff(frame):
+            # Unwinding now would drop a file-descriptor handoff with a DataLoader worker
+            # half-way, and the worker prints ConnectionResetError (5 of 25 SIGTERMs under
+            # load). It takes milliseconds: ask again in a moment.
+            _unwind_pending = True
+            alarm(time.monotonic() + RETRY_UNWIND, lambda: os.kill(os.getpid(), signum))
+            return
+        _unwind_pending = False
         raise SystemExit(128 + signum)
+
+
+def _in_handoff(frame):
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_HANDOFF):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _start_helper():
