@@ -33,6 +33,7 @@ def assert_clean(result):
     assert wait_gone(pids_of(result.stdout), within=1.0) == []
 
 
+@pytest.mark.needs_torch
 def test_import_in_the_script():
     env = base_env(shim=False, PYTHONPATH=str(ROOT))
     code = "import autoteardown\n" + RUN_JOB
@@ -48,6 +49,7 @@ def test_sitecustomize_runs_the_one_it_shadows(tmp_path):
     assert result.stdout.splitlines() == ["SHADOWED SITECUSTOMIZE RAN", "AT True"], result
 
 
+@pytest.mark.needs_torch
 def test_pythonstartup_in_an_interactive_session():
     env = base_env(shim=False, PYTHONPATH=str(ROOT),
                    PYTHONSTARTUP=str(ROOT / "sitecustomize_example" / "pythonstartup.py"))
@@ -61,6 +63,7 @@ def test_pythonstartup_in_an_interactive_session():
     assert "killed by signal" in result.stderr
 
 
+@pytest.mark.needs_torch
 def test_autoteardown_run_covers_the_script_and_its_python_children():
     env = base_env(shim=False)
     result = subprocess.run([autoteardown_run(), sys.executable, JOB, "normal"], env=env,

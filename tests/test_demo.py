@@ -88,11 +88,14 @@ def test_doctor_reports_versions_integrations_activation_and_config():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for name in ("torch", "torchdata", "wandb", "ray", "psutil"):
-        assert re.search(rf"^  {name}\s+\d", out, re.M), out
-    assert re.search(r"^  tensorboardX\s+not installed$", out, re.M), out  # not in the dev venv
+    import importlib.util
+
+    for name in ("torch", "torchdata", "wandb", "ray", "psutil", "tensorboardX"):
+        shown = r"\d" if importlib.util.find_spec(name) is not None else "not installed$"
+        assert re.search(rf"^  {name}\s+" + shown, out, re.M), (name, out)
     assert re.search(r"^  wandb\s+disabled by config", out, re.M), out
-    assert re.search(r"^  torch\s+will patch when imported", out, re.M), out
+    if importlib.util.find_spec("torch") is not None:
+        assert re.search(r"^  torch\s+will patch when imported", out, re.M), out
     assert "active for `python` here: no" in out, out
     assert f"bootstrap sitecustomize: {ROOT / 'autoteardown' / 'bootstrap'}" in out, out
     assert "AUTOTEARDOWN_TIMEOUT = 10.0" in out
@@ -106,6 +109,7 @@ def test_doctor_finds_the_psutil_ray_bundles():
     import importlib.util
     import os
 
+    pytest.importorskip("ray")
     from autoteardown import doctor
 
     folder = os.path.join(os.path.dirname(importlib.util.find_spec("ray").origin), "thirdparty_files")

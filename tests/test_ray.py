@@ -154,6 +154,7 @@ def task_runner(mode, shim, tmp_path, cleanup):
     return result, pids, wandb_records.records(files[0])
 
 
+@pytest.mark.needs_torch
 @pytest.mark.parametrize("mode", ["end", "terminate", "sigterm"])
 def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanup):
     result, pids, records = task_runner(mode, True, tmp_path, cleanup)
@@ -166,6 +167,7 @@ def test_task_runner_keeps_its_data_and_leaves_no_process(mode, tmp_path, cleanu
         assert reported(result, "ACTOR_GONE") == ["True"], result
 
 
+@pytest.mark.needs_torch
 @pytest.mark.baseline
 def test_task_runner_without_the_shim_keeps_no_records(tmp_path, cleanup):
     result, pids, records = task_runner("end", False, tmp_path, cleanup)

@@ -128,6 +128,7 @@ def driver_env(address, tmp_path, **extra):
             "WANDB_DIR": tmp_path, "WANDB_CACHE_DIR": tmp_path / "cache", **extra}
 
 
+@pytest.mark.needs_torch
 @pytest.mark.parametrize("hook", [True, False])
 def test_runtime_env_hook_reaches_the_workers_of_a_separate_cluster(cluster, hook, tmp_path):
     env = driver_env(cluster, tmp_path)
@@ -182,6 +183,7 @@ def test_a_hung_actor_on_the_other_node_is_gone_within_grace_plus_1s(two_nodes, 
     assert reported(result, "BYSTANDER_ALIVE") == ["True"], result
 
 
+@pytest.mark.needs_torch
 @pytest.mark.parametrize("how", ["detached-job", "detached-option"])
 def test_a_detached_actor_keeps_its_run_open_after_the_driver_exits(two_nodes, how, tmp_path):
     env = driver_env(two_nodes, tmp_path, RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook")

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import wait_for_line, wait_gone
 
-pytest.importorskip("ray.train.torch")
+pytest.importorskip("ray.train.torch", exc_type=ImportError)
 pytestmark = pytest.mark.needs_torch
 # Ray Train v2 (ray.train.v2) ships from ray 2.4x on; older Rays run v1 whatever the variable says.
 needs_v2 = pytest.mark.skipif(importlib.util.find_spec("ray.train.v2") is None, reason="no Ray Train v2 in this Ray")

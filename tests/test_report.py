@@ -23,6 +23,7 @@ def test_describe_never_raises_and_falls_back_to_the_type_name():
     assert report.describe("wandb", None).startswith("wandb.teardown()")
 
 
+@pytest.mark.needs_torch
 def test_report_is_not_imported_by_default():
     code = "import sys, autoteardown, torch.utils.data; print('autoteardown.report' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], env=base_env(shim=False, PYTHONPATH=str(ROOT)),

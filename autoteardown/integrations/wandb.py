@@ -119,8 +119,7 @@ def finish_run(run, timeout):
         run.finish(exit_code=_exit_code())
         return
     run._console_stop()  # else wandb's console capture sends our warning to the dead socket
-    log.warning_once("wandb-core ended early (%s): the run data it had not yet written is lost",
-                     f"signal {-status}" if status < 0 else f"status {status}")
+    _warn_core_ended(status)
     # Nothing can finish the run now, and a later finish() by the user or in a
     # `__del__` would raise or hang: make it a no-op.
     run._is_finished = True
@@ -136,14 +135,20 @@ def teardown(timeout):
     try:
         wandb.teardown(exit_code=_exit_code())
     except SystemExit as exc:
-        # wandb.teardown() (0.31) calls sys.exit() with wandb-core's status when it is not 0.
-        log.warning("wandb-core ended with status %s", exc.code)
+        # wandb.teardown() calls sys.exit() with wandb-core's status when it is not 0
+        # (0.31; 0.22 too once it has died): one line for it, the same as finish_run's.
+        _warn_core_ended(exc.code if isinstance(exc.code, int) else 1)
     except Exception:
         if not core_died:
             raise
         # It raises ConnectionResetError once wandb-core is gone, but only after
         # unregistering wandb's atexit hook, which is what we need from it.
         log.debug_exception("wandb.teardown() with wandb-core gone")
+
+
+def _warn_core_ended(status):
+    log.warning_once("wandb-core ended early (%s): the run data it had not yet written is lost",
+                     f"signal {-status}" if status < 0 else f"status {status}")
 
 
 def forget_in_child(run):
