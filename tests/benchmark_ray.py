@@ -11,7 +11,6 @@ Every process a run reports is killed by pid afterwards; the cluster by pid too.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import SCRIPTS, base_env, kill_pids  # noqa: E402
+from helpers import SCRIPTS, base_env, kill_pids, reported as pids  # noqa: E402
 
 GRACE = 5.0
 
@@ -33,11 +32,6 @@ def script(name, *args, shim, **env):
     proc = subprocess.run([sys.executable, str(SCRIPTS / name), *args], env=base_env(shim, **env),
                           capture_output=True, text=True, timeout=400)
     return proc, time.monotonic() - started, time.monotonic()
-
-
-def pids(out, tag):
-    match = re.search(rf"^{tag}:(.*)$", out, re.M)
-    return [int(p) for p in match.group(1).split()] if match else []
 
 
 def gone_after(proc):
@@ -55,33 +49,10 @@ def reap_times(runs, grace, **env):
     return times
 
 
-@contextlib.contextmanager
 def two_nodes():
-    from test_ray_cluster import cluster_processes
-    from ray.cluster_utils import Cluster
+    from test_ray_cluster import two_node_cluster
 
-    marker = tempfile.mkdtemp(prefix="atd-2n-")
-    saved = dict(os.environ)
-    for key in list(os.environ):
-        if key.startswith("AUTOTEARDOWN_") or key == "PYTHONPATH":
-            del os.environ[key]
-    os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-                       "ATD_TEST_CLUSTER": marker})
-    cluster = None
-    try:
-        cluster = Cluster(initialize_head=True, shutdown_at_exit=False,
-                          head_node_args={"num_cpus": 2, "include_dashboard": False})
-        cluster.add_node(num_cpus=1, resources={"second_node": 1})
-        os.environ.clear()
-        os.environ.update(saved)
-        yield cluster.address
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        found = cluster_processes(marker)
-        with contextlib.suppress(Exception):
-            cluster.shutdown()
-        kill_pids(found + cluster_processes(marker))
+    return two_node_cluster()
 
 
 def train_steps(runs, shim):

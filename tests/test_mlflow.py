@@ -5,7 +5,6 @@ Real mlflow: a sqlite store (sqlite:///<tmp>/mlruns.db) and a real `mlflow serve
 read back with MlflowClient. Each script ending is a subprocess (tests/scripts/mlflow_job.py).
 """
 
-import os
 import re
 import signal
 import subprocess

@@ -93,6 +93,12 @@ def no_wrapt_cluster():
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    with two_node_cluster() as address:
+        yield address
+
+
+@contextlib.contextmanager
+def two_node_cluster():
     """ray.cluster_utils.Cluster: a head (2 CPUs) and a second node (1 CPU, resource
     `second_node`), both on 127.0.0.1, started from this process in a clean environment."""
     from ray.cluster_utils import Cluster
