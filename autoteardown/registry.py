@@ -13,7 +13,7 @@ from _weakref import ref  # the C module: `weakref` would cost more than the res
 _lock = _thread.RLock()
 _entries = {}      # id(obj) -> (kind, weakref to obj)
 _prune_at = 64     # dead entries are swept when the table reaches this size
-on_record = None   # engine.arm while its SIGTERM part waits for the main thread
+on_record = None   # engine.arm, while this process is not fully armed (off the main thread, a fork child)
 
 
 def record(kind, obj):
