@@ -24,7 +24,7 @@ if __name__ == "__main__":
         if run is not None:
             run.log({"loss": float(batch.float().mean())})
     print("PIDS:", *[w.pid for w in batches._workers], flush=True)
-    cores = [p.pid for p in psutil.Process().children() if p.name() == "wandb-core"]
+    cores = [p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"]
     print("CORE:", *cores, flush=True)
     print("READY", flush=True)
     if not spawn:

@@ -64,7 +64,7 @@ def wandb_run(name="main"):
     run = wandb.init(project="autoteardown-faults", name=name, reinit="create_new")
     for step in range(STEPS):
         run.log({"x": step})
-    report("CORE", *[p.pid for p in psutil.Process().children() if p.name() == "wandb-core"])
+    report("CORE", *[p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"])
     return run
 
 
@@ -113,7 +113,7 @@ if fault == "finalizers":
 if fault == "killcore":
     held = loaders(), wandb_run()
     time.sleep(0.5)  # wandb-core reads what is in flight
-    core = psutil.Process([p for p in psutil.Process().children() if p.name() == "wandb-core"][0].pid)
+    core = psutil.Process([p for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"][0].pid)
     core.kill()
     while core.status() != psutil.STATUS_ZOMBIE:
         time.sleep(0.01)

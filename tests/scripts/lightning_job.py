@@ -40,7 +40,7 @@ class Report(Callback):
             loader = trainer.train_dataloader
             workers = getattr(getattr(loader, "_iterator", None), "_workers", [])
             print("PIDS:", *[w.pid for w in workers], flush=True)
-            print("CORE:", *[p.pid for p in psutil.Process().children() if p.name() == "wandb-core"], flush=True)
+            print("CORE:", *[p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"], flush=True)
             print("READY", flush=True)
 
     def on_exception(self, trainer, module, exception):

@@ -76,7 +76,7 @@ def start_run(name):
 
 
 def wandb_cores():
-    return [p.pid for p in psutil.Process().children() if p.name() == "wandb-core"]
+    return [p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"]
 
 
 def start_actor():

@@ -45,7 +45,7 @@ def start_run():
     run = wandb.init(project="autoteardown-tests", name="main")
     for step in range(STEPS):
         run.log({"x": step})
-    report("CORE", *[p.pid for p in psutil.Process().children() if p.name() == "wandb-core"])
+    report("CORE", *[p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"])
     return run
 
 

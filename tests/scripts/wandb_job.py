@@ -84,7 +84,7 @@ elif what == "unsupported":
     print("PATCHED:", hasattr(wandb.init, "__wrapped__"), flush=True)
     run = start()
 
-cores = [p.pid for p in psutil.Process().children() if p.name() == "wandb-core"]
+cores = [p.pid for p in psutil.process_iter(["name", "ppid"]) if p.info["ppid"] == psutil.Process().pid and p.info["name"] == "wandb-core"]
 print("CORE:", *cores, flush=True)
 
 if ending == "raise":
