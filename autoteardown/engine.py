@@ -32,7 +32,7 @@ import _thread
 
 from . import config, log, registry
 
-_kinds = []              # (order, kind, finalize_one, after_all, in_child), sorted by order
+_kinds = []              # (order, kind, finalize_one, after_all, in_child, on_sigterm), sorted by order
 _lock = _thread.RLock()
 _busy = _thread.allocate_lock()  # held by the finalize() under way
 _finalizer = None        # ident of the thread running it
@@ -50,17 +50,19 @@ _runners = set()         # their idents
 _monitoring_tool = None
 
 
-def register_kind(kind, order, finalize_one, after_all=None, in_child=None):
+def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None):
     """Declare how to finalize resources of `kind`.
 
     finalize_one(obj, timeout): finalize one live object, within `timeout` seconds.
     after_all(timeout): run once after the kind's objects (e.g. wandb.teardown).
     in_child(obj): called in a fork child for each object the parent had, so the
     child never touches it.
+    on_sigterm(obj): called in the main thread for each object when our SIGTERM
+    handler is about to end the process, to stop watching what dies with it.
     """
     with _lock:
         _kinds[:] = [k for k in _kinds if k[1] != kind]
-        _kinds.append((order, kind, finalize_one, after_all, in_child))
+        _kinds.append((order, kind, finalize_one, after_all, in_child, on_sigterm))
         _kinds.sort(key=lambda k: k[0])
 
 
@@ -88,6 +90,7 @@ def arm():
 
                     atexit.register(_on_exit)
             _track_exit()
+            _start_runner()  # two: one drives the steps, one runs them
             _start_runner()
             _report("header")
         if not _signals_ready:
@@ -120,7 +123,12 @@ def finalize(timeout=None, kinds=None, exit_code=None):
 
 
 def _finalize(deadline, only=None, exit_code=None, trigger=None):
-    """One teardown, never raising; what interrupted the waiting thread, if anything."""
+    """One teardown, never raising; what interrupted the waiting thread, if anything.
+
+    The steps are driven from a runner and this thread only waits: a Python signal
+    handler may raise into the main thread at any bytecode (torch's SIGCHLD handler
+    does when the DataLoader workers die with the rank: torchrun SIGTERMs each rank's
+    process group), and a wait is the one place that can shrug it off."""
     global _finalizer, _code_override
     if _finalizer == _thread.get_ident() or _thread.get_ident() in _runners:
         return None  # a step called finalize() (ray.shutdown() in a finalizer)
@@ -128,22 +136,36 @@ def _finalize(deadline, only=None, exit_code=None, trigger=None):
         log.warning("another teardown is still running; not finalized")
         return None
     _finalizer, _code_override = _thread.get_ident(), exit_code
-    try:
-        return _run_steps(deadline, only, trigger)
-    except BaseException:
-        log.debug_exception("finalize failed")
-        return None
-    finally:
-        _finalizer = _code_override = None
-        _busy.release()
+    stop, done = [], _thread.allocate_lock()
+    done.acquire()
+
+    def steps():
+        global _finalizer, _code_override
+        try:
+            stop.append(_run_steps(deadline, only, trigger, stop))
+        except BaseException:
+            log.debug_exception("finalize failed")
+        finally:
+            _finalizer = _code_override = None
+            _busy.release()
+            done.release()
+
+    if not _submit(steps):
+        steps()  # no thread to be had: inline
+        return stop[-1] if stop else None
+    interrupted = _wait(done, deadline + 1.0, "the teardown")
+    if interrupted is not None:
+        stop.append(interrupted)  # the steps stop before the next one; the rest stay recorded
+        log.warning("teardown interrupted (%s)", type(interrupted).__name__)
+    return interrupted
 
 
-def _run_steps(deadline, only, trigger):
+def _run_steps(deadline, only, trigger, stop):
     started = time.monotonic()
     steps = []
     with _lock:
         kinds = list(_kinds)
-    for _, kind, finalize_one, after_all, _ in kinds:
+    for _, kind, finalize_one, after_all, _, _ in kinds:
         if only is not None and kind not in only:
             continue
         objs = registry.live(kind)
@@ -156,6 +178,8 @@ def _run_steps(deadline, only, trigger):
     _report("begin", trigger or why, code)
     for index, (kind, obj, func) in enumerate(steps):
         remaining = deadline - time.monotonic()
+        if stop:
+            return None
         if remaining <= 0:
             log.warning("deadline reached; not finalized: %s", ", ".join(_name(k, o) for k, o, _ in steps[index:]))
             break
@@ -165,13 +189,26 @@ def _run_steps(deadline, only, trigger):
         budget = max(remaining / left, remaining - (left - 1) * 1.0)
         if obj is not None:
             registry.forget(obj)  # just before its step: an interrupted teardown leaves the rest recorded
-        try:
-            _run_bounded(kind, obj, func, budget)
-        except (KeyboardInterrupt, SystemExit) as interrupted:
+        interrupted = _run_bounded(kind, obj, func, budget)
+        if interrupted is not None:  # inline, in the main thread
             log.warning("teardown interrupted (%s)", type(interrupted).__name__)
             return interrupted
     _report("end", time.monotonic() - started)
     return None
+
+
+def _wait(done, until, what):
+    """Wait for the lock `done` until `until`: what interrupted the wait (a KeyboardInterrupt
+    or SystemExit), else None. Any other exception is a signal handler's raising into
+    this (main) thread; not the user's to see now: keep waiting."""
+    while True:
+        try:
+            done.acquire(timeout=max(0.0, until - time.monotonic()))
+            return None
+        except (KeyboardInterrupt, SystemExit) as interrupted:
+            return interrupted
+        except Exception as exc:
+            log.debug("while waiting for %s: %s: %s", what, type(exc).__name__, exc)
 
 
 def _run_bounded(kind, obj, func, budget):
@@ -192,17 +229,9 @@ def _run_bounded(kind, obj, func, budget):
 
     started = time.monotonic()
     if _submit(step):
-        while True:
-            try:
-                done.acquire(timeout=max(0.0, started + budget - time.monotonic()))
-                break
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as exc:
-                # A signal handler raised in the waiting (main) thread: torch's SIGCHLD
-                # handler does when the DataLoader workers die with us (torchrun SIGTERMs
-                # each rank's process group). Not the user's to see now; keep waiting.
-                log.debug("while waiting for %s: %s: %s", _name(kind, obj), type(exc).__name__, exc)
+        interrupted = _wait(done, started + budget, _name(kind, obj))
+        if interrupted is not None:
+            return interrupted  # the step is left to itself, and so is reporting it
     else:
         # No runner and no new thread (Python 3.12.0-3.12.2 at shutdown): inline, and
         # should it hang, the process ends with the status it was going to have.
@@ -223,6 +252,7 @@ def _run_bounded(kind, obj, func, budget):
         _report("step", kind, obj, f"failed: {type(outcome[0]).__name__}: {outcome[0]}", elapsed)
     else:
         _report("step", kind, obj, "finalized", elapsed)  # the report is the debug output
+    return None
 
 
 def _submit(step):
@@ -330,6 +360,8 @@ def on_signal(signum, in_handler, again=False):
     """A SIGTERM for us to handle. True: the main thread should unwind (SystemExit).
     again: the handler put the unwinding off (signals.py) and asks once more."""
     global _signal, _raise_after
+    if in_handler:
+        _unwatch()  # first: before any other Python code of ours runs
     with _lock:
         first = _signal is None
         if first:
@@ -349,6 +381,19 @@ def on_signal(signum, in_handler, again=False):
         _raise_after = True
         return False
     return in_handler
+
+
+def _unwatch():
+    """The signal may have come to the whole process group (torchrun, SLURM): the DataLoader
+    workers die with us, and torch's SIGCHLD handler raises "killed by signal" wherever the
+    main thread is: in this handler, the unwinding, or threading._shutdown (which then
+    skips our exit hook). The process is ending; stop watching what dies with it."""
+    for _, kind, _, _, _, on_sigterm in list(_kinds):
+        for obj in registry.live(kind) if on_sigterm else ():
+            try:
+                on_sigterm(obj)
+            except Exception:
+                log.debug_exception("%s: SIGTERM preparation failed", kind)
 
 
 def on_stuck(signum):
@@ -539,7 +584,7 @@ def _after_fork_in_child():
     registry.on_record = arm  # a child that makes resources of its own (a DataLoader, a run) arms itself
     if "autoteardown.signals" in sys.modules:
         sys.modules["autoteardown.signals"].reset_in_child()
-    in_child = {kind: cb for _, kind, _, _, cb in _kinds if cb is not None}
+    in_child = {kind: cb for _, kind, _, _, cb, _ in _kinds if cb is not None}
     for kind, obj in registry.take_all():
         callback = in_child.get(kind)
         if callback is not None:

@@ -8,6 +8,8 @@ shim (the status) and what the shim adds (the wandb run complete, nothing left).
 Runs without torch too (the CI legs on Python 3.10, 3.12, 3.13): tests that need it say so.
 """
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,16 +28,19 @@ def warnings(result):
     return [line for line in result.stderr.splitlines() if line.startswith("autoteardown: WARNING")]
 
 
-def signalled(jobs, mode, *signals, shim=True, gap=0.05, **env):
-    """Start the script, wait for READY, send the signals `gap` apart; (result, seconds from
-    the first signal to the end)."""
+def signalled(jobs, mode, *signals, shim=True, gap=0.05, group=False, **env):
+    """Start the script, wait for READY, send the signals `gap` apart (to its whole process
+    group if `group`); (result, seconds from the first signal to the end)."""
     proc = jobs.start("signals_job.py", mode, shim=shim, AUTOTEARDOWN_TIMEOUT=TIMEOUT, **env)
     _, before = wait_for_line(proc, "READY", timeout=120)
     sent = time.monotonic()
     for index, signum in enumerate(signals):
         if index:
             time.sleep(gap)
-        proc.send_signal(signum)
+        if group:
+            os.killpg(proc.pid, signum)  # it is a session leader (helpers.start)
+        else:
+            proc.send_signal(signum)
     result = jobs.finish(proc, timeout=60, before=before)
     return result, result.ended - sent
 
@@ -54,6 +59,21 @@ def test_two_sigterms_50ms_apart(jobs):
     assert jobs.runs() == [("main", STEPS, [SIGTERM_CODE])], result
     assert noise(result.stderr) == [] and tracebacks(result.stderr) == 0, result
     assert len(result.pids("PIDS")) == 4
+    assert_nothing_left(result)
+
+
+@pytest.mark.needs_torch
+def test_a_sigterm_to_the_whole_process_group(jobs):
+    # torchrun and SLURM signal the process group: the DataLoader workers die with the
+    # script, and torch's SIGCHLD handler raised "killed by signal" into the unwinding,
+    # into threading._shutdown (which then skipped our exit hook) or into the teardown.
+    result, took = signalled(jobs, "twice", signal.SIGTERM, group=True, AUTOTEARDOWN_DEBUG=1)
+    assert result.returncode == -signal.SIGTERM, result
+    assert took < TIMEOUT + LOAD_MARGIN, result
+    assert "killed by signal" not in result.stderr and tracebacks(result.stderr) == 0, result
+    assert "Exception ignored" not in result.stderr, result
+    assert re.search(r"finalized in \S+s: dataloader ", result.stderr), result
+    assert re.search(r"DEBUG: teardown done in \S+s: \d+ finalized", result.stderr), result
     assert_nothing_left(result)
 
 

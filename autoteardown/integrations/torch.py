@@ -41,7 +41,7 @@ def patch():
     if reason:
         log.warning_once("%s; DataLoader workers are left alone", reason, tree=True)
         return
-    engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child)
+    engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child, on_sigterm=unwatch_workers)
     for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
         if cls is None:
@@ -81,6 +81,14 @@ def forget_in_child(it):
     for worker in getattr(it, "_workers", ()):
         if children is not None:
             children.discard(worker)
+
+
+def unwatch_workers(it):
+    # The process is ending of SIGTERM: workers dying now are no error to report (without
+    # us the process would be gone already). torch's _shutdown_workers() does this first.
+    if getattr(it, "_worker_pids_set", False):
+        sys.modules["torch.utils.data._utils.signal_handling"]._remove_worker_pids(id(it))
+        it._worker_pids_set = False
 
 
 def shutdown_workers(it, timeout):
