@@ -106,17 +106,18 @@ def test_the_report_of_a_sigterm_to_a_two_rank_torchrun_job(jobs, tmp_path, targ
             if text.startswith("PIDS:"):
                 os.kill(int(text.split()[1]), signal.SIGTERM)  # the rank itself, as a scheduler would
     result = jobs.finish(proc, timeout=120, before="".join(seen))
-    debug = [line for line in result.stderr.splitlines() if " DEBUG: " in line]
-    open("/tmp/torchrun_stderr.txt", "w").write(result.stderr)
-    assert debug and all(re.match(r"autoteardown: \[pid \d+( rank [01])?\] DEBUG: ", line) for line in debug), debug
+    # Three processes share the one stderr pipe: torchrun's own traceback (small writes) may
+    # land in front of a rank's line, so lines are found by their prefix, not anchored.
+    debug = re.findall(r"autoteardown: \[pid \d+(?: rank ([01]))?\] DEBUG: (.*)", result.stderr)
+    assert debug and len(debug) == result.stderr.count(" DEBUG: "), result.stderr
     for rank in "01":
-        mine = "\n".join(line for line in debug if f" rank {rank}] " in line)
-        assert re.search(r"DEBUG: armed: autoteardown \S+ on Python \S+, activated by sitecustomize", mine), mine
-        assert "DEBUG: teardown started by SIGTERM; exit code handed on: 143" in mine, mine
+        mine = "\n".join(text for of, text in debug if of == rank)
+        assert re.search(r"^armed: autoteardown \S+ on Python \S+, activated by sitecustomize", mine, re.M), mine
+        assert "teardown started by SIGTERM; exit code handed on: 143" in mine, mine
         assert re.search(r"finalized in \S+s: dataloader DataLoader with 2 worker\(s\) \(pid \d+, \d+", mine), result
         assert re.search(rf"finalized in \S+s: wandb run \w+ \(rank-{rank}\)", mine), mine
         assert re.search(r"finalized in \S+s: process_group gloo group of 2 rank\(s\)", mine), mine
-        assert re.search(r"DEBUG: teardown done in \S+s: \d+ finalized$", mine, re.M), mine
+        assert re.search(r"^teardown done in \S+s: \d+ finalized$", mine, re.M), mine
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(line["rank"] for line in lines) == [0, 1], lines
     for line in lines:

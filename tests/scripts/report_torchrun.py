@@ -15,8 +15,9 @@ batches = iter(DataLoader(list(range(10_000)), batch_size=8, num_workers=2))
 run = wandb.init(project="autoteardown-tests", name=f"rank-{rank}")
 for step in range(5):
     run.log({"loss": float(next(batches).float().mean())})
-print(f"PIDS: {os.getpid()} " + " ".join(str(w.pid) for w in batches._workers), flush=True)
-print(f"READY {rank}", flush=True)
+# One write, so the two ranks' lines never interleave on torchrun's shared stdout.
+pids = " ".join(str(w.pid) for w in batches._workers)
+os.write(1, f"PIDS: {os.getpid()} {pids}\nREADY {rank}\n".encode())
 while True:
     next(batches)
     time.sleep(0.02)
