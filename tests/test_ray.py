@@ -14,7 +14,8 @@ import pytest
 import wandb_records
 from helpers import LOAD_MARGIN, kill_pids, noise, run, wait_gone
 
-GRACE = 5.0
+GRACE = 2.0  # AUTOTEARDOWN_RAY_GRACE_S for the hung-actor scripts (default 5: the bounds scale with it)
+HUNG = {"AUTOTEARDOWN_RAY_GRACE_S": GRACE}
 
 
 def reported(result, tag):
@@ -35,7 +36,7 @@ def cleanup():
     ("runtime_env", False),  # the actors' own watchdog alone, shipped through the job runtime_env
 ])
 def test_hung_actors_end_within_the_grace_period(workers, shim, cleanup):
-    result = run("ray_hung_actors.py", workers, shim=shim, timeout=120)
+    result = run("ray_hung_actors.py", workers, shim=shim, env=HUNG, timeout=120)
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
@@ -46,7 +47,7 @@ def test_hung_actors_end_within_the_grace_period(workers, shim, cleanup):
 def test_gc_hang_actors_armed_only_through_the_runtime_env_are_gone_within_grace_plus_2s(cleanup):
     # gc disabled, a cycle whose __del__ hangs: only the watchdog armed before
     # gc.collect() ends the actor (the driver has no shim, so no reaper).
-    result = run("ray_hung_actors.py", "runtime_env", shim=False, env={"HANG": "gc"}, timeout=120)
+    result = run("ray_hung_actors.py", "runtime_env", shim=False, env={**HUNG, "HANG": "gc"}, timeout=120)
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
@@ -56,7 +57,7 @@ def test_gc_hang_actors_armed_only_through_the_runtime_env_are_gone_within_grace
 def test_a_7s_finalizer_is_bounded_by_the_grace_with_a_warning_that_names_it(cleanup):
     # One budget: the actor's in-band teardown gets the grace the reaper allows
     # (minus a second), so the reaper never kills it half-way unannounced.
-    result = run("ray_hung_actors.py", "inherit", shim=True, env={"HANG": "slow", "WATCH_S": GRACE + 4},
+    result = run("ray_hung_actors.py", "inherit", shim=True, env={**HUNG, "HANG": "slow", "WATCH_S": GRACE + 4},
                  timeout=120)
     cleanup += [int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")]
     assert result.returncode == 0, result
@@ -79,7 +80,8 @@ def test_live_actors_finalize_in_parallel_at_driver_exit(tmp_path, cleanup):
 
 @pytest.mark.baseline
 def test_hung_actors_stay_alive_without_the_shim(cleanup):
-    result = run("ray_hung_actors.py", "off", shim=False, timeout=120)
+    # Alive twice as long as the shim's bound: the symptom shown.
+    result = run("ray_hung_actors.py", "off", shim=False, env={"WATCH_S": 2 * (GRACE + 2)}, timeout=120)
     pids = reported(result, "PIDS")
     cleanup += [int(p) for p in pids + reported(result, "BYSTANDER")]
     assert sorted(reported(result, "ALIVE")) == sorted(pids), result
