@@ -18,6 +18,9 @@ then counts from the signal, and the signal helper thread enforces it.
 
 Each step runs in a runner thread, so a hung one cannot hang the exit: it may
 use the time left but a second for each later step, and is then abandoned.
+Another runner drives the steps while the calling thread only waits: a signal
+handler can raise into the main thread at any point (torch's SIGCHLD handler
+does), and only a wait can ignore that.
 Runners are started when the engine is armed, before shutdown: Python
 3.12.0-3.12.2 refuse new threads once finalization has begun (gh-104690). If
 none can be had, the step runs inline and the signal helper thread ends the
