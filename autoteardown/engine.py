@@ -206,8 +206,11 @@ def _wait(done, until, what):
     this (main) thread; not the user's to see now: keep waiting."""
     while True:
         try:
-            done.acquire(timeout=max(0.0, until - time.monotonic()))
-            return None
+            # In slices: a signal that came to another thread (a runner's os.kill, a
+            # Ctrl-C the kernel gave to any thread) runs its Python handler here only
+            # between two bytecodes of this thread, never during a long lock wait.
+            if done.acquire(timeout=min(0.05, max(0.0, until - time.monotonic()))) or time.monotonic() >= until:
+                return None
         except (KeyboardInterrupt, SystemExit) as interrupted:
             return interrupted
         except Exception as exc:
