@@ -16,6 +16,9 @@ import os
 import sys
 
 os.environ["AUTOTEARDOWN_DISABLE"] = "1"
+# Before anything imports ray: Ray reads it once, and on Linux its default puts the nodes
+# this process starts (ray.cluster_utils) on the machine's network address, not loopback.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 sys.path.insert(0, os.path.dirname(__file__))  # `from helpers import ...` in every test file
 
 import pytest  # noqa: E402
