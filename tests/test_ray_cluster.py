@@ -11,7 +11,6 @@ both on 127.0.0.1. Every process of every cluster is killed by pid at the end.
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import psutil
 import pytest
 
 import wandb_records
-from helpers import LOAD_MARGIN, ROOT, alive, kill_pids, run, wait_gone
+from helpers import LOAD_MARGIN, ROOT, alive, free_port, kill_pids, run, wait_gone
 from test_ray import reported
 
 GRACE = 5.0  # Ray's default grace: these clusters' workers do not get the test's environment
@@ -29,12 +28,6 @@ GRACE = 5.0  # Ray's default grace: these clusters' workers do not get the test'
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 # A venv with the same Ray and Python as this one, but no wrapt (see the README's Ray section).
 NO_WRAPT_RAY = os.environ.get("ATD_NO_WRAPT_RAY", "/work/venv-ray-nowrapt/bin/ray")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cluster_processes(marker):
