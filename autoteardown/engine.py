@@ -393,13 +393,17 @@ def _unwatch():
     """The signal may have come to the whole process group (torchrun, SLURM): the DataLoader
     workers die with us, and torch's SIGCHLD handler raises "killed by signal" wherever the
     main thread is: in this handler, the unwinding, or threading._shutdown (which then
-    skips our exit hook). The process is ending; stop watching what dies with it."""
-    for _, kind, _, _, _, on_sigterm in list(_kinds):
-        for obj in registry.live(kind) if on_sigterm else ():
-            try:
-                on_sigterm(obj)
-            except Exception:
-                log.debug_exception("%s: SIGTERM preparation failed", kind)
+    skips our exit hook). The process is ending; stop watching what dies with it.
+    That handler can also run inside this one, before it is done: then once more
+    (the callbacks do nothing twice)."""
+    for _ in range(3):
+        try:
+            for _, kind, _, _, _, on_sigterm in list(_kinds):
+                for obj in registry.live(kind) if on_sigterm else ():
+                    on_sigterm(obj)
+            return
+        except Exception:
+            log.debug_exception("SIGTERM: stopping the watch failed")
 
 
 def on_stuck(signum):

@@ -159,16 +159,43 @@ def _handler(signum, frame):
         log.debug("SIGTERM: called by the handler that replaced ours; it decides")
         return
     global _unwind_pending
-    if _engine.on_signal(signum, True, again=_unwind_pending):
-        if _in_handoff(frame):
+    try:
+        end = _engine.on_signal(signum, True, again=_unwind_pending)
+    except Exception:  # another handler ran inside ours and raised (torch's SIGCHLD one): again
+        end = _engine.on_signal(signum, True, again=_unwind_pending)
+    if end:
+        if _in_handoff(frame) and not _group_signalled():
             # Unwinding now would drop a file-descriptor handoff with a DataLoader worker
             # half-way, and the worker prints ConnectionResetError (5 of 25 SIGTERMs under
-            # load). It takes milliseconds: ask again in a moment.
+            # load). It takes milliseconds: ask again in a moment. Not when the worker is
+            # dying of the same signal: the handoff fails, and its error would be printed.
             _unwind_pending = True
             alarm(time.monotonic() + RETRY_UNWIND, lambda: os.kill(os.getpid(), signum))
             return
         _unwind_pending = False
         raise SystemExit(128 + signum)
+
+
+def _group_signalled():
+    """Did the signal come to our whole process group (torchrun, SLURM)? Then a child of
+    ours in the group is dying of it too: a zombie, or a fatal signal pending (Linux /proc)."""
+    fatal = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGKILL - 1))
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children") as f:
+            children = f.read().split()
+    except OSError:
+        return False  # no /proc
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, _, pgrp = f.read().rpartition(")")[2].split()[:3]
+            with open(f"/proc/{pid}/status") as f:
+                pending = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+        except (OSError, ValueError):
+            continue  # gone already
+        if int(pgrp) == os.getpgrp() and (state in "ZX" or any(mask & fatal for mask in pending)):
+            return True
+    return False
 
 
 def _in_handoff(frame):

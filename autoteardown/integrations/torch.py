@@ -87,8 +87,8 @@ def unwatch_workers(it):
     # The process is ending of SIGTERM: workers dying now are no error to report (without
     # us the process would be gone already). torch's _shutdown_workers() does this first.
     if getattr(it, "_worker_pids_set", False):
+        it._worker_pids_set = False  # first: a second call must not remove them twice (torch raises)
         sys.modules["torch.utils.data._utils.signal_handling"]._remove_worker_pids(id(it))
-        it._worker_pids_set = False
 
 
 def shutdown_workers(it, timeout):
