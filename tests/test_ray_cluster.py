@@ -96,8 +96,6 @@ def two_nodes():
 def two_node_cluster():
     """ray.cluster_utils.Cluster: a head (2 CPUs) and a second node (1 CPU, resource
     `second_node`), both on 127.0.0.1, started from this process in a clean environment."""
-    from ray.cluster_utils import Cluster
-
     marker = tempfile.mkdtemp(prefix="atd-2n-")
     saved = dict(os.environ)
     for key in list(os.environ):
@@ -105,6 +103,8 @@ def two_node_cluster():
             del os.environ[key]  # the nodes' workers get the shim only through a job's runtime_env
     os.environ.update({"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
                        "PYTHONWARNINGS": "ignore", "ATD_TEST_CLUSTER": marker})
+    from ray.cluster_utils import Cluster  # after the environment: Ray reads it at import
+
     cluster = None
     try:
         loopback = {"node_ip_address": "127.0.0.1"}
