@@ -161,8 +161,9 @@ def _handler(signum, frame):
     global _unwind_pending
     try:
         end = _engine.on_signal(signum, True, again=_unwind_pending)
-    except Exception:  # another handler ran inside ours and raised (torch's SIGCHLD one): again
-        end = _engine.on_signal(signum, True, again=_unwind_pending)
+    except Exception:  # another handler ran inside ours and raised (torch's SIGCHLD one): again,
+        # as a repeat: the first call may have recorded the signal already
+        end = _engine.on_signal(signum, True, again=True)
     if end:
         if _in_handoff(frame) and not _group_signalled():
             # Unwinding now would drop a file-descriptor handoff with a DataLoader worker
