@@ -200,8 +200,9 @@ def _group_signalled():
 
 
 def _in_handoff(frame):
+    # Also inside a __del__: Python swallows a SystemExit raised there ("Exception ignored").
     while frame is not None:
-        if frame.f_code.co_filename.endswith(_HANDOFF):
+        if frame.f_code.co_filename.endswith(_HANDOFF) or frame.f_code.co_name == "__del__":
             return True
         frame = frame.f_back
     return False
