@@ -51,9 +51,10 @@ _mp_exitcode = None      # a multiprocessing child's exit code (see _on_exit)
 _idle = []               # queues of idle runner threads
 _runners = set()         # their idents
 _monitoring_tool = None
+describers = {}          # kind -> describe(obj), for the report
 
 
-def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None):
+def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None, describe=None):
     """Declare how to finalize resources of `kind`.
 
     finalize_one(obj, timeout): finalize one live object, within `timeout` seconds.
@@ -62,7 +63,10 @@ def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_s
     child never touches it.
     on_sigterm(obj): called in the main thread for each object when our SIGTERM
     handler is about to end the process, to stop watching what dies with it.
+    describe(obj): a short name the user recognises, for the report.
     """
+    if describe is not None:
+        describers[kind] = describe
     with _lock:
         _kinds[:] = [k for k in _kinds if k[1] != kind]
         _kinds.append((order, kind, finalize_one, after_all, in_child, on_sigterm))

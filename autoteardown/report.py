@@ -121,7 +121,10 @@ def describe(kind, obj):
     if obj is None:
         return _AFTER_ALL.get(kind, "(for all)")
     try:
-        name = _DESCRIBE[kind](obj) if kind in _DESCRIBE else None
+        from .engine import describers
+
+        describe_ = describers.get(kind) or _DESCRIBE.get(kind)
+        name = describe_(obj) if describe_ else None
     except Exception:
         name = None
     return name or type(obj).__name__
