@@ -9,9 +9,9 @@ import os
 import sys
 
 from . import log
-from .integrations import TRIGGERS
+from .integrations import TABLE
 
-INTEGRATIONS = tuple(TRIGGERS)
+INTEGRATIONS = tuple(TABLE)
 
 # Every variable, for `autoteardown --help` and the README: (name, meaning, default).
 VARIABLES = (
@@ -21,7 +21,8 @@ VARIABLES = (
     ("AUTOTEARDOWN_TIMEOUT", "seconds the whole exit teardown may take", "10"),
     ("AUTOTEARDOWN_RAY_GRACE_S", "seconds a terminated Ray actor gets before its process is killed", "5"),
     ("AUTOTEARDOWN_DEBUG", "1: say how it was activated, each patch, and a teardown report, on stderr", "off"),
-    ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process with its teardown report", "none"),
+    ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process that recorded a resource, "
+     "with its teardown report", "none"),
     ("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "with RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: "
      "the hook to call first (one you had set)", "none"),
 )
@@ -42,6 +43,9 @@ def _flag(name, default=False):
     return default
 
 
+MAX_SECONDS = 3600.0  # a longer teardown is a hang by another name (and overflows lock timeouts)
+
+
 def _seconds(name, default):
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -50,8 +54,9 @@ def _seconds(name, default):
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 < value < float("inf"):
-        log.warning_once("%s=%r is not a positive number of seconds; using %g", name, raw, default, tree=True)
+    if not 0 < value <= MAX_SECONDS:
+        log.warning_once("%s=%r is not a positive number of seconds%s; using %g", name, raw,
+                         f" up to {MAX_SECONDS:g}" if value > MAX_SECONDS else "", default, tree=True)
         return default
     return value
 

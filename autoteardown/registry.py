@@ -1,9 +1,10 @@
 """The weak registry: what is alive now, by kind ("dataloader", "wandb", "ray").
 
-It holds weak references only, so recording a resource never keeps it alive.
-It belongs to one process: a forked child starts empty, and the kinds' fork
-callbacks get the parent's objects first so they can make sure the child never
-touches them (engine.py).
+It holds weak references only, so recording a resource never keeps it alive. It
+belongs to one process: a forked child starts empty, and the kinds' fork callbacks get
+the parent's objects first so that the child never touches them (engine.py). The first
+record in a process arms the exit engine (`on_record`). Writers take the lock; readers
+do not (a dict copy is atomic under the GIL), so the signal handler may read.
 """
 
 import os
@@ -13,7 +14,7 @@ from _weakref import ref  # the C module: `weakref` would cost more than the res
 _lock = _thread.RLock()
 _entries = {}      # id(obj) -> (kind, weakref to obj)
 _prune_at = 64     # dead entries are swept when the table reaches this size
-on_record = None   # engine.arm, while this process is not fully armed (off the main thread, a fork child)
+on_record = None   # engine.arm, until this process is armed (set again in a fork child)
 
 
 def record(kind, obj):
@@ -38,8 +39,7 @@ def forget(obj):
 
 def live(kind=None):
     """The recorded objects that are still alive, oldest first."""
-    with _lock:
-        entries = list(_entries.values())
+    entries = list(_entries.values())
     objs = []
     for entry_kind, ref in entries:
         obj = ref()

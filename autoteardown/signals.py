@@ -1,43 +1,38 @@
-"""SIGTERM: the main thread unwinds, the one exit path finalizes, the process dies of it.
+"""SIGTERM, the one helper thread, and the one way to end a process early.
 
-v0.1 finalized inside the signal handler and never returned. That was worse
-than no shim in four measured ways: work done in signal context waited on locks
-the interrupted code held (wandb's console capture in print()); a second SIGTERM
-nested in the first waited forever on the first one's lock; a handler that
-chained to ours (Lightning's `_HandlersCompose`, ddtrace's style of calling the
-previous handler first) never got control back, so its graceful path and the
-status it chose were lost; and a fork child kept our handler without the
-helper thread, so `Pool.terminate()` could not end it. The anchors' helpers
-return or raise instead (ddtrace's `handle_signal`, Python's KeyboardInterrupt,
-Ray's worker handler), and so do we:
+The rules (README "How it works" says them for users):
 
-- Ours is installed only while SIGTERM's handler is the default, in the main
-  thread. A handler installed before or after ours is left alone: it decides.
-- As the process's own handler, ours records the signal and raises
-  SystemExit(128 + signum) in the main thread. The unwinding releases the locks
-  the interrupted code held and runs its `finally` blocks; the exit hook
-  (engine.py) then finalizes with code 143 and makes the process die of SIGTERM,
-  the status it has without the shim.
-- Called by another handler (ours is its "previous"), ours returns at once and
-  does nothing else: the caller decides how the process ends, and the exit path
-  then finalizes with the code the process really exits with (Lightning: 0
-  after its graceful SIGTERMException). Finalizing there would end the wandb run
-  and the DataLoader workers before the caller's own code used them.
-- A second (third...) SIGTERM does nothing: the first one's deadline stands.
-- Caught in the middle of multiprocessing's file-descriptor handoff (how a
-  DataLoader worker passes a batch), the unwinding waits until it is done.
-- A helper thread (started when armed) bounds everything: it sees each
-  SIGTERM through `signal.set_wakeup_fd`, and if the main thread has not run our
-  handler within WAIT_FOR_MAIN_THREAD (it is stuck in C code: a gloo barrier kept
-  a rank alive 37.7 s), it finalizes and ends the process itself. It also keeps
-  the engine's alarms: code that swallows the SystemExit, or unwinds too long,
-  is ended within the deadline. Where another library owns the wakeup fd
-  (asyncio does), only the alarms are kept.
-- After the exit teardown SIGTERM kills at once, as the default does; in a fork
-  child SIGTERM is the default again until the child arms itself.
+1. The handler does no work, takes no lock and cannot block: it records the signal,
+   writes a byte to the helper's pipe and may raise. Ours is installed only while
+   SIGTERM's handler is the default, in the main thread; called by a handler that
+   replaced ours (Lightning, ddtrace-style chaining), it returns at once: the caller
+   decides how the process ends.
+2. As the process's own handler it unwinds the main thread once with `Stop`, a
+   SystemExit(128 + signum): the unwinding releases the locks the interrupted code
+   held and runs its `finally` blocks; the exit hook (engine.py) then tears down and
+   the process dies of the signal, the status it has without the shim.
+3. The unwind is raised where it cannot be lost. Inside a critical section (an
+   integration marks one with `critical`: multiprocessing's file-descriptor handoff
+   with a DataLoader worker) it is raised when the section ends. Raised inside a
+   finalizer (`__del__`, a weakref or gc callback), Python swallows it as unraisable:
+   it is raised again at the next bytecode outside. Once the exit has begun it is not
+   raised: the exit hook tears down and dies of the signal. A resource that would
+   treat it as an error in its own `__exit__` is ended by the teardown instead
+   (engine.is_stop).
+4. What cannot be unwound, the helper thread bounds: if no unwind was raised within
+   WAIT_FOR_MAIN_THREAD (the main thread is stuck in C code, or the exit had begun),
+   or the teardown has not begun at half the deadline (the SystemExit was swallowed,
+   or the unwinding is slow), the helper tears down and ends the process itself.
+   TIMEOUT + 1 s after the signal the process ends whatever still runs.
+5. `end_process` is the only place that ends a process early: it ends the
+   multiprocessing children the process started (a ProcessPoolExecutor's workers),
+   then dies of the signal or exits with the code.
+6. One helper thread per process keeps every timer (`alarm`); it is stopped and joined
+   before its pipe is closed. A fork child gets the default SIGTERM back and starts
+   with no helper and no timers.
 
-Imported by `engine.arm()`, never at `import autoteardown`: `signal` costs more
-than all of autoteardown.
+Imported by engine.arm(), never at `import autoteardown`: `signal` costs more than
+the rest of it.
 """
 
 import os
@@ -50,27 +45,32 @@ import time
 from . import log
 
 WAIT_FOR_MAIN_THREAD = 1.0
-RETRY_UNWIND = 0.02
-# multiprocessing's file-descriptor handoff (torch's DataLoader passes tensors this way)
-_HANDOFF = (os.path.join("multiprocessing", "resource_sharer.py"), os.path.join("multiprocessing", "reduction.py"))
-_unwind_pending = False
-_engine = None       # engine.on_signal(signum, in_handler) and engine.on_stuck(signum)
-_pid = None          # the process whose helper thread runs
-_installed = None    # our handler is SIGTERM's (in _pid); None: not decided yet (main thread only)
-_pipe = None         # (read_fd, write_fd) waking the helper thread; the wakeup fd if it was free
+CHILDREN_GRACE = 1.0  # what end_process gives the children it ends before it kills them
+_engine = None
+_pid = None           # the process whose helper thread runs
+_installed = None     # our handler is SIGTERM's (main thread only); None: not decided yet
+_pipe = None          # (read_fd, write_fd) waking the helper; also the wakeup fd if that was free
 _own_wakeup = False
-_alarms = []         # [when (monotonic), action] kept by the helper thread
-_alarm_lock = threading.Lock()
+_helper = None        # the helper thread
+_alarms = []          # [when (monotonic), action]; the signal handler never touches it
+_lock = threading.Lock()
+_main = threading.main_thread().ident
+_hold = 0             # critical sections the main thread is in
+_pending = False      # an unwind waits for the critical section to end
+_raised = False       # our Stop was raised in the main thread
+
+
+class Stop(SystemExit):
+    """The unwind raised by our SIGTERM handler: SystemExit(128 + signum)."""
 
 
 def install(engine):
-    """Start the helper thread (any thread) and, from the main thread, route SIGTERM to
-    us if its handler is the default. False off the main thread: arm() tries again later."""
-    global _engine, _pid, _installed
-    if _pid != os.getpid():
-        _engine, _pid, _installed = engine, os.getpid(), None
-        _start_helper()
-    if threading.current_thread() is not threading.main_thread():
+    """Route SIGTERM to us if its handler is the default (main thread only; False
+    elsewhere: arm() asks again later) and start the helper thread."""
+    global _engine, _installed
+    _engine = engine
+    _start_helper()
+    if threading.get_ident() != _main:
         return False
     if _installed is None:
         try:
@@ -86,32 +86,82 @@ def install(engine):
 
 
 def uninstall():
-    global _pid, _installed
-    if _pid == os.getpid() and _installed and signal.getsignal(signal.SIGTERM) is _handler:
+    global _installed
+    if _installed and signal.getsignal(signal.SIGTERM) is _handler:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:
             pass
     _installed = None
-    _stop_helper()
-    _pid = None
+    _stop_helper(join=True)
 
 
 def reset_in_child():
-    """A fork child gets the default SIGTERM back (the parent's helper thread is not
-    here to bound anything) and never writes into the parent's pipe."""
-    global _pid, _installed, _alarm_lock, _unwind_pending
-    _unwind_pending = False
+    """A fork child: the default SIGTERM again, no helper (the thread is not here), no
+    timers, and never a byte into the parent's pipe."""
+    global _installed, _lock, _main, _hold, _pending, _raised
     if signal.getsignal(signal.SIGTERM) is _handler:
-        try:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except ValueError:
-            pass
-    _pid, _installed = None, None
-    _alarm_lock = threading.Lock()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _installed, _lock, _main = None, threading.Lock(), threading.get_ident()
+    _hold, _pending, _raised = 0, False, False
     _alarms.clear()
-    _stop_helper()
+    _stop_helper(join=False)
 
+
+# ---- the handler and the unwind ------------------------------------------------
+
+def _handler(signum, frame):
+    global _pending
+    if signal.getsignal(signum) is not _handler:
+        return  # called by the handler that replaced ours: it decides
+    _engine.on_signal(signum)
+    _wake()
+    if not _raised and not _engine.exiting():
+        if _hold:
+            _pending = True  # raised when the critical section ends
+        else:
+            _raise(signum)
+
+
+def _raise(signum):
+    global _raised, _pending
+    _raised, _pending = True, False
+    raise Stop(128 + signum)
+
+
+def raised():
+    """Whether the main thread has been unwound (the helper asks)."""
+    return _raised
+
+
+def critical(wrapped, instance, args, kwargs):
+    """A wrapt wrapper: the main thread is not unwound inside `wrapped`; a SIGTERM that
+    comes meanwhile unwinds it as soon as `wrapped` returns or raises."""
+    global _hold
+    if threading.get_ident() != _main:
+        return wrapped(*args, **kwargs)
+    _hold += 1
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _hold -= 1
+        if _pending and not _hold:
+            _raise(_engine.exit_signal() or signal.SIGTERM)
+
+
+def on_unraisable(wrapped, instance, args, kwargs):
+    """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is
+    raised again at the next bytecode (the signal handler runs there); it is not printed."""
+    global _raised
+    unraisable = args[0] if args else kwargs.get("unraisable")
+    if isinstance(getattr(unraisable, "exc_value", None), Stop) and _installed:
+        _raised = False
+        signal.raise_signal(signal.SIGTERM)
+        return None
+    return wrapped(*args, **kwargs)
+
+
+# ---- ending a process ----------------------------------------------------------
 
 def flush_output():
     for stream in (sys.stdout, sys.stderr):
@@ -121,99 +171,75 @@ def flush_output():
             pass
 
 
-def die(signum):
-    """End the process with `signum`, as its default action would have."""
+def end_process(signum=None, code=0):
+    """End this process now: end the multiprocessing children it started, then die of
+    `signum` as its default action would, or exit with `code`."""
     flush_output()
-    try:
-        signal.signal(signum, signal.SIG_DFL)
-    except ValueError:
-        # Not the main thread (the helper): the signal module refuses, libc does not.
-        import ctypes
+    _end_children()
+    if signum is not None:
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except ValueError:  # not the main thread: the signal module refuses, libc does not
+            import ctypes
 
-        ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
-    os.kill(os.getpid(), signum)
-    time.sleep(1)
-    os._exit(128 + signum)
+            ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+        time.sleep(1)
+        code = 128 + signum
+    os._exit(code)
 
+
+def _end_children():
+    """SIGTERM the multiprocessing children still running (a pool's workers: without the
+    shim a stopped parent leaves them orphaned), wait CHILDREN_GRACE, then SIGKILL."""
+    children = [p for p in getattr(sys.modules.get("multiprocessing.process"), "_children", ())
+                if getattr(p, "_parent_pid", None) == os.getpid()]
+    for method in ("terminate", "kill"):
+        until = time.monotonic() + CHILDREN_GRACE
+        for process in children:
+            try:
+                if process.exitcode is None:
+                    getattr(process, method)()
+            except Exception:
+                pass
+        for process in children:
+            try:
+                process.join(max(0.0, until - time.monotonic()))
+            except Exception:
+                pass
+        children = [p for p in children if p.exitcode is None]
+
+
+# ---- the helper thread ------------------------------------------------------------
 
 def alarm(when, action):
-    """Call action() in the helper thread at time.monotonic() `when`; returns a token for cancel()."""
+    """Call action() in the helper thread at time.monotonic() `when` (it must not block:
+    hand blocking work to a runner); a token for cancel()."""
     token = [when, action]
-    with _alarm_lock:
+    with _lock:
         _alarms.append(token)
+    _start_helper()
     _wake()
     return token
 
 
 def cancel(token):
-    with _alarm_lock:
+    with _lock:
         if token in _alarms:
             _alarms.remove(token)
 
 
-def _handler(signum, frame):
-    if _pid != os.getpid():
-        die(signum)  # not ours to handle (reset_in_child makes this unreachable)
-    if signal.getsignal(signum) is not _handler:
-        log.debug("SIGTERM: called by the handler that replaced ours; it decides")
-        return
-    global _unwind_pending
-    try:
-        end = _engine.on_signal(signum, True, again=_unwind_pending)
-    except Exception:  # another handler ran inside ours and raised (torch's SIGCHLD one): again,
-        # as a repeat: the first call may have recorded the signal already
-        end = _engine.on_signal(signum, True, again=True)
-    if end:
-        if _in_handoff(frame) and not _group_signalled():
-            # Unwinding now would drop a file-descriptor handoff with a DataLoader worker
-            # half-way, and the worker prints ConnectionResetError (5 of 25 SIGTERMs under
-            # load). It takes milliseconds: ask again in a moment. Not when the worker is
-            # dying of the same signal: the handoff fails, and its error would be printed.
-            _unwind_pending = True
-            alarm(time.monotonic() + RETRY_UNWIND, lambda: os.kill(os.getpid(), signum))
-            return
-        _unwind_pending = False
-        raise SystemExit(128 + signum)
-
-
-def _group_signalled():
-    """Did the signal come to our whole process group (torchrun, SLURM)? Then a child of
-    ours in the group is dying of it too: a zombie, or a fatal signal pending (Linux /proc)."""
-    fatal = (1 << (signal.SIGTERM - 1)) | (1 << (signal.SIGKILL - 1))
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children") as f:
-            children = f.read().split()
-    except OSError:
-        return False  # no /proc
-    for pid in children:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, _, pgrp = f.read().rpartition(")")[2].split()[:3]
-            with open(f"/proc/{pid}/status") as f:
-                pending = [int(line.split()[1], 16) for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
-        except (OSError, ValueError):
-            continue  # gone already
-        if int(pgrp) == os.getpgrp() and (state in "ZX" or any(mask & fatal for mask in pending)):
-            return True
-    return False
-
-
-def _in_handoff(frame):
-    # Also inside a __del__: Python swallows a SystemExit raised there ("Exception ignored").
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(_HANDOFF) or frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _start_helper():
-    global _pipe, _own_wakeup
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
-    _pipe, _own_wakeup = (read_fd, write_fd), False
-    threading.Thread(target=_helper, args=(read_fd,), name="autoteardown-signals", daemon=True).start()
+    global _pid, _pipe, _helper
+    with _lock:
+        if _pid == os.getpid():
+            return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        _pid, _pipe = os.getpid(), (read_fd, write_fd)
+        _helper = threading.Thread(target=_serve, args=(read_fd,), name="autoteardown-helper", daemon=True)
+        _helper.start()
 
 
 def _take_wakeup_fd():
@@ -221,25 +247,28 @@ def _take_wakeup_fd():
     try:
         previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
         _own_wakeup = previous == -1
-        if not _own_wakeup:  # the fd is someone else's: keep it theirs
+        if not _own_wakeup:  # the fd is someone else's (asyncio): keep it theirs
             signal.set_wakeup_fd(previous)
     except ValueError:
         pass
 
 
-def _stop_helper():
-    global _pipe, _own_wakeup
-    if _pipe is None:
-        return
-    read_fd, write_fd = _pipe
-    _pipe = None
+def _stop_helper(join):
+    global _pid, _pipe, _helper, _own_wakeup
+    pipe, helper = _pipe, _helper
+    _pid = _pipe = _helper = None
     if _own_wakeup:
         try:
             signal.set_wakeup_fd(-1)
         except ValueError:
             pass
     _own_wakeup = False
-    for fd in (write_fd, read_fd):
+    if pipe is None:
+        return
+    if join and helper is not None and helper is not threading.current_thread():
+        os.write(pipe[1], b"\0")  # it sees _pipe is no longer its own and returns
+        helper.join(1.0)
+    for fd in pipe:
         try:
             os.close(fd)
         except OSError:
@@ -255,11 +284,11 @@ def _wake():
             pass
 
 
-def _helper(read_fd):
-    stuck_since = None
+def _serve(read_fd):
+    watched = False  # the SIGTERM under way has its deadlines
     while True:
         now = time.monotonic()
-        with _alarm_lock:
+        with _lock:
             due = [a for a in _alarms if a[0] <= now]
             for a in due:
                 _alarms.remove(a)
@@ -269,24 +298,25 @@ def _helper(read_fd):
                 action()
             except Exception:
                 log.debug_exception("alarm failed")
-        if stuck_since is not None:
-            if _engine.exit_signal() is not None:  # our handler took it (or took an earlier one)
-                stuck_since = None
-            elif now - stuck_since >= WAIT_FOR_MAIN_THREAD:
-                stuck_since = None
-                log.debug("SIGTERM: the main thread is busy in C code; finalizing from a helper thread")
-                _engine.on_stuck(signal.SIGTERM)
-            else:
-                waits.append(stuck_since + WAIT_FOR_MAIN_THREAD - now)
         try:
             ready, _, _ = select.select([read_fd], [], [], max(0.0, min(waits)) if waits else None)
-            data = os.read(read_fd, 512) if ready else b"\0"
+            data = os.read(read_fd, 512) if ready else b""
         except (OSError, ValueError):
             return
-        if not data or _pid != os.getpid():
-            return
-        # Every Python-handled signal writes its number. Only the first SIGTERM matters
-        # here: once the engine has one, its alarms bound the rest.
-        if (signal.SIGTERM in data and _own_wakeup and stuck_since is None
-                and signal.getsignal(signal.SIGTERM) is _handler and _engine.exit_signal() is None):
-            stuck_since = time.monotonic()
+        if _pipe is None or _pipe[0] != read_fd or _pid != os.getpid():
+            return  # stopped (uninstall), or a fork child's copy of the parent's fd
+        # The wakeup fd carries every Python-handled signal's number; ours, a zero byte.
+        if not watched and (_engine is not None and _engine.exit_signal() is not None or (
+                signal.SIGTERM in data and _own_wakeup and signal.getsignal(signal.SIGTERM) is _handler)):
+            watched = True
+            _watch(now)
+
+
+def _watch(now):
+    """Deadlines of the SIGTERM under way (rule 4), counted from when it came."""
+    from . import config
+
+    signum, at = _engine.signal_taken() or (signal.SIGTERM, now)
+    alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
+    alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
+    alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))

@@ -110,7 +110,7 @@ def test_doctor_finds_the_psutil_ray_bundles():
     import os
 
     pytest.importorskip("ray")
-    from autoteardown import doctor
+    from autoteardown.cli import doctor
 
     folder = os.path.join(os.path.dirname(importlib.util.find_spec("ray").origin), "thirdparty_files")
     bundled = [n for n in os.listdir(folder) if n.startswith("psutil-") and n.endswith(".dist-info")]

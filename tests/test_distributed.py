@@ -121,6 +121,7 @@ assert "torch.distributed" not in sys.modules
 import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d, device_mesh
 from autoteardown.integrations import distributed as integration
+from autoteardown.integrations import unsupported_reason
 originals = {name: original for _, name, original, _ in integration._patches._patched}
 assert sorted(originals) == ["init_process_group", "new_group"]
 for module in (dist, distributed_c10d, device_mesh):
@@ -128,7 +129,7 @@ for module in (dist, distributed_c10d, device_mesh):
         assert getattr(module, name).__wrapped__ is original, (module, name)
 integration.patch()
 assert dist.init_process_group.__wrapped__ is originals["init_process_group"]  # wrapped once
-assert integration.get_version() == torch.__version__ and integration.unsupported_reason() is None
+assert integration.get_version() == torch.__version__ and unsupported_reason(integration.NAME) is None
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 subgroup = dist.new_group([0])

@@ -321,11 +321,12 @@ assert "mlflow" not in sys.modules and "autoteardown.integrations.mlflow" not in
 import mlflow
 from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES
 from autoteardown.integrations import mlflow as integration
+from autoteardown.integrations import unsupported_reason
 original = mlflow.start_run.__wrapped__
 integration.patch()
 assert mlflow.start_run.__wrapped__ is original  # wrapped once
 assert mlflow.tracking.fluent.start_run is mlflow.start_run
-assert integration.get_version() == mlflow.__version__ and integration.unsupported_reason() is None
+assert integration.get_version() == mlflow.__version__ and unsupported_reason(integration.NAME) is None
 
 mlflow.set_tracking_uri(sys.argv[1])
 run = mlflow.start_run()

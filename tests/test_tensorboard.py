@@ -75,13 +75,14 @@ assert not [m for m in sys.modules if m.startswith(("tensorboard", "torch.utils.
 import tensorboard
 from torch.utils.tensorboard import SummaryWriter
 from autoteardown.integrations import tensorboard as integration
+from autoteardown.integrations import unsupported_reason
 import wrapt
 original = SummaryWriter.__init__.__wrapped__
 assert not isinstance(original, wrapt.FunctionWrapper)
 integration.patch()
 assert SummaryWriter.__init__.__wrapped__ is original  # wrapped once
 assert integration.get_version() == tensorboard.__version__
-assert integration.unsupported_reason() is None
+assert unsupported_reason(integration.NAME) is None
 
 writer = SummaryWriter(log_dir=sys.argv[1])
 assert autoteardown.live() == {"tensorboard": [writer]}

@@ -1,10 +1,10 @@
-"""The tests read wandb run files with the library's own reader (autoteardown/wandb_records.py,
+"""The tests read wandb run files with the library's own reader (autoteardown/cli/wandb_records.py,
 which `autoteardown demo` uses too): one reader, one place to follow wandb's format."""
 
 from pathlib import Path
 
-from autoteardown import wandb_records as _reader
-from autoteardown.wandb_records import exit_codes, history_steps, run_files  # noqa: F401
+from autoteardown.cli import wandb_records as _reader
+from autoteardown.cli.wandb_records import exit_codes, history_steps, run_files  # noqa: F401
 
 
 def records(path):

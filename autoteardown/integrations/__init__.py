@@ -2,31 +2,31 @@
 
 TABLE says, for each integration, which imports trigger it, what it looks after
 (for the one warning when it is off), and the distributions whose installed versions
-must lie in [minimum, below). The version checks, `autoteardown doctor`, the report and
-the contract tests all read it. Each integration is a module here with ddtrace's
+must lie in [minimum, below). The version checks, `autoteardown doctor`, the report (each
+module's `describe(obj)`, found by kind) and the contract tests all read it. Each integration is a module here with ddtrace's
 contract: `patch()` (idempotent: patches what is imported now), `unpatch()` (restores by
 identity) and `get_version()`. Its module is imported only when one of its trigger
 modules is, through the post-import hooks set up by `autoteardown.install()`.
 
 Adding an integration is adding a row here and a module (see README "Adding an
 integration"): `patch()` returns at once unless `supported(NAME)`, wraps with `Patches`,
-records each resource (`registry.record`) and declares how to finalize it
-(`engine.register_kind`).
+records each resource (`registry.record`), declares how to finalize it
+(`engine.register_kind`) and names it for the report (`describe(obj)`).
 """
 
-# name: (trigger modules, what it looks after, (distribution, minimum, below or None)...)
+# name: (resource kind, trigger modules, what it looks after, (distribution, minimum, below)...)
 TABLE = {
-    "torch": (("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
+    "torch": ("dataloader", ("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
               ("torch", "2.0", None), ("torchdata", "0.8", None)),
-    "distributed": (("torch.distributed",), "process groups", ("torch", "2.0", None)),
-    "tensorboard": (("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
+    "distributed": ("process_group", ("torch.distributed",), "process groups", ("torch", "2.0", None)),
+    "tensorboard": ("tensorboard", ("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
                     ("tensorboard", "2.0", None), ("tensorboardX", "2.0", None)),
-    "wandb": (("wandb",), "wandb runs", ("wandb", "0.22", "0.32")),
-    "ray": (("ray",), "Ray actors", ("ray", "2.40", "2.61")),
+    "wandb": ("wandb", ("wandb",), "wandb runs", ("wandb", "0.22", "0.32")),
+    "ray": ("ray", ("ray",), "Ray actors", ("ray", "2.40", "2.61")),
     # mlflow-skinny provides the same `mlflow` package, without the server.
-    "mlflow": (("mlflow",), "mlflow runs", ("mlflow", "2.10", "4"), ("mlflow-skinny", "2.10", "4")),
+    "mlflow": ("mlflow", ("mlflow",), "mlflow runs", ("mlflow", "2.10", "4"), ("mlflow-skinny", "2.10", "4")),
 }
-TRIGGERS = {name: row[0] for name, row in TABLE.items()}
+TRIGGERS = {name: row[1] for name, row in TABLE.items()}
 
 
 def hook_name(integration):
@@ -35,12 +35,12 @@ def hook_name(integration):
 
 def supported_range(name):
     """'wandb >=0.22,<0.32' (for doctor and the README)."""
-    return ", ".join(f"{dist} >={low}" + (f",<{high}" if high else "") for dist, low, high in TABLE[name][2:])
+    return ", ".join(f"{dist} >={low}" + (f",<{high}" if high else "") for dist, low, high in TABLE[name][3:])
 
 
 def get_version(name):
     """The installed version of the integration's first installed distribution, or None."""
-    for distribution, _, _ in TABLE[name][2:]:
+    for distribution, _, _ in TABLE[name][3:]:
         found = installed_version(distribution)
         if found is not None:
             return found
@@ -49,7 +49,7 @@ def get_version(name):
 
 def unsupported_reason(name):
     """None when every installed distribution of the integration is in its range, else why."""
-    for distribution, minimum, below in TABLE[name][2:]:
+    for distribution, minimum, below in TABLE[name][3:]:
         reason = check_version(distribution, minimum, below)
         if reason:
             return reason
@@ -62,7 +62,7 @@ def supported(name):
     if reason:
         from .. import log
 
-        log.warning_once("%s; %s are left alone", reason, TABLE[name][1], tree=True)
+        log.warning_once("%s; %s are left alone", reason, TABLE[name][2], tree=True)
     return reason is None
 
 

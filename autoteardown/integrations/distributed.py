@@ -21,37 +21,26 @@ it only wraps functions and imports nothing more.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version, installed_version
+from . import Patches, get_version as _version, supported
 
-KIND = "process_group"
-ORDER = 15
+NAME, KIND, ORDER = "distributed", "process_group", 15
 FUNCTIONS = ("init_process_group", "new_group")
-SUPPORTED = "torch >= 2.0"
 _patches = Patches()
 
 
 def get_version():
-    return installed_version("torch")
-
-
-def unsupported_reason():
-    return check_version("torch", "2.0")
+    return _version(NAME)
 
 
 def patch():
     dist = sys.modules.get("torch.distributed")
-    if _patches or dist is None or not dist.is_available():
-        return
-    reason = unsupported_reason()
-    if reason:
-        log.warning_once("%s; process groups are left alone", reason, tree=True)
+    if _patches or dist is None or not dist.is_available() or not supported(NAME):
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
     engine.register_kind(KIND, ORDER, destroy_group)
     for name in FUNCTIONS:
         # torch.distributed and device_mesh bind the same function by name (torch 2.13).
         _patches.rebind(getattr(c10d, name), _record_group, "torch.distributed")
-    engine.arm()
     if dist.is_initialized():  # initialized before autoteardown was imported
         _record(dist.group.WORLD)
 
@@ -83,3 +72,7 @@ def destroy_group(group, timeout):
         dist.destroy_process_group(group)
     except ValueError:  # "Invalid process group": destroyed by the script or with the default group
         log.debug("process group already destroyed")
+
+
+def describe(group):
+    return f"{group.name()} group of {group.size()} rank(s)"

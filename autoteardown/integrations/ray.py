@@ -15,14 +15,10 @@ ActorClass._remote, ray._private.state.actors, ray._private.worker's
 raise_sys_exit_with_custom_error_message, Ray Train v2's RayTrainWorker.shutdown).
 """
 
-import sys
-
-from .. import engine, log
-from . import Patches, check_version
+from . import Patches, get_version as _version, supported
 from . import ray_cluster, ray_driver, ray_worker
 
-KIND = ray_driver.KIND
-SUPPORTED = "ray >= 2.40, < 2.61"  # tested: 2.40.0, 2.60.0
+NAME = KIND = ray_driver.KIND
 _patches = Patches()
 
 # Kept importable here: autoteardown.ray_runtime_env_hook delegates to it and
@@ -32,25 +28,27 @@ setup_hook = ray_cluster.setup_hook
 
 
 def get_version():
-    return getattr(sys.modules.get("ray"), "__version__", None)
-
-
-def unsupported_reason():
-    return check_version("ray", "2.40", "2.61")
+    return _version(NAME)
 
 
 def patch():
-    if _patches:
-        return
-    reason = unsupported_reason()
-    if reason:
-        log.warning_once("%s; Ray actors are left alone", reason, tree=True)
+    if _patches or not supported(NAME):
         return
     ray_driver.patch(_patches)
     ray_worker.patch(_patches)
-    engine.arm()
 
 
 def unpatch():
     _patches.restore()
     ray_worker.unpatch()
+
+
+def describe(obj):
+    if hasattr(obj, "actor_id") and hasattr(obj, "pid"):  # an actor told to end, being watched
+        return f"terminated actor {str(obj.actor_id)[:8]} (pid {obj.pid})"
+    descriptor = getattr(obj, "_ray_actor_creation_function_descriptor", None)
+    actor_id = getattr(obj, "_ray_actor_id", None)
+    if descriptor is None and actor_id is None:
+        return None
+    short = actor_id.hex()[:8] if actor_id is not None else "?"
+    return f"actor {getattr(descriptor, 'class_name', None) or 'Actor'} {short}"

@@ -84,16 +84,26 @@ def _on_worker_sigterm(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+def _budget(patience):
+    """The in-band teardown's share of what Ray waits before it kills the worker."""
+    return min(config.TIMEOUT, max(0.5, patience - 1.0))
+
+
 def finalize_in_band(grace, exit_code=None):
     """Finalize while the worker and its children are still healthy, within
     the grace the reaper allows, and make sure the process ends inside it."""
     import faulthandler
     import gc
+    import time
 
-    # First the watchdog: a hung finalizer or __del__ (in gc.collect() below or in
-    # interpreter teardown) now ends the process, its stack in the worker's log.
-    faulthandler.dump_traceback_later(max(0.5, grace - 0.25), exit=True)
-    engine.finalize(min(config.TIMEOUT, max(0.5, grace - 1.0)), exit_code=exit_code)
+    from .. import signals
+
+    def overdue():  # a hung finalizer or __del__ (in gc.collect() or interpreter teardown)
+        faulthandler.dump_traceback(all_threads=True)  # its stack in the worker's log
+        signals.end_process(code=1)
+
+    signals.alarm(time.monotonic() + max(0.5, grace - 0.25), overdue)  # first: armed before anything can hang
+    engine.finalize(_budget(grace), exit_code=exit_code)
     gc.collect()
 
 
@@ -114,7 +124,9 @@ def patch_train_worker():
     if original is None or _train_original is not None:
         return
 
-    @functools.wraps(original)  # same __module__/__qualname__: pickled by reference (see above)
+    # Not through Patches: a plain function with the same __module__/__qualname__ is
+    # pickled by reference (see above); a wrapt proxy is not.
+    @functools.wraps(original)
     def shutdown(self, *args, **kwargs):
         try:
             return original(self, *args, **kwargs)
@@ -133,7 +145,7 @@ def _finalize_train_worker():
         patience = _train_patience()
         code = train_exit_code()
         log.debug("Ray Train worker %d: finalizing in-band (exit code %s, patience %.1fs)", os.getpid(), code, patience)
-        engine.finalize(min(config.TIMEOUT, max(0.5, patience - 1.0)), exit_code=code)
+        engine.finalize(_budget(patience), exit_code=code)
     except Exception:
         log.debug_exception("Ray Train worker: in-band finalize failed")
 

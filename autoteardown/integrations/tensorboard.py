@@ -16,41 +16,26 @@ sync TensorBoard files (`wandb.init(sync_tensorboard=True)`) when it finishes.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version, installed_version
+from . import Patches, get_version as _version, supported
 
-KIND = "tensorboard"
+NAME = KIND = "tensorboard"
 ORDER = 25
-# (module, class, distribution whose version we check, minimum)
-TARGETS = (
-    ("torch.utils.tensorboard.writer", "SummaryWriter", "tensorboard", "2.0"),
-    ("tensorboardX.writer", "SummaryWriter", "tensorboardX", "2.0"),
-)
-SUPPORTED = "tensorboard >= 2.0 (torch.utils.tensorboard), tensorboardX >= 2.0"
+TARGETS = (("torch.utils.tensorboard.writer", "SummaryWriter"), ("tensorboardX.writer", "SummaryWriter"))
 _patches = Patches()
 
 
 def get_version():
-    return installed_version("tensorboard") or installed_version("tensorboardX")
-
-
-def unsupported_reason():
-    reasons = [check_version(dist, minimum) for _, _, dist, minimum in TARGETS]
-    return "; ".join(r for r in reasons if r) or None
+    return _version(NAME)
 
 
 def patch():
-    for module_name, class_name, distribution, minimum in TARGETS:
+    if not supported(NAME):
+        return
+    engine.register_kind(KIND, ORDER, close_writer)
+    for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None:
-            continue
-        reason = check_version(distribution, minimum)
-        if reason:
-            log.warning_once("%s; its SummaryWriters are left alone", reason, tree=True)
-            continue
-        _patches.wrap(cls, "__init__", _record_writer)
-    if _patches:
-        engine.register_kind(KIND, ORDER, close_writer)
-        engine.arm()
+        if cls is not None:
+            _patches.wrap(cls, "__init__", _record_writer)
 
 
 def unpatch():
@@ -70,3 +55,7 @@ def close_writer(writer, timeout):
     # (and writes into) its parent's event files. close() on a writer the script
     # closed does nothing; one it wrote to again after close() is closed again.
     writer.close()
+
+
+def describe(writer):
+    return f"SummaryWriter {getattr(writer, 'log_dir', None) or writer.get_logdir()}"

@@ -1,45 +1,41 @@
 """DataLoader worker iterators: shut their workers down before torch's exit hook.
 
 torch's own atexit hook sets `_utils.python_exit_status`, after which
-`_shutdown_workers()` does nothing; multiprocessing's exit function then
-SIGTERMs the still-running workers, and a library that kills child processes
-later in the exit (Ray does) makes torch's SIGCHLD handler print "DataLoader
-worker (pid N) is killed by signal". So we shut the workers down first.
+`_shutdown_workers()` does nothing; multiprocessing's exit function then SIGTERMs
+the still-running workers, and a library that kills child processes later in the
+exit (Ray does) makes torch's SIGCHLD handler print "DataLoader worker (pid N) is
+killed by signal". So we shut the workers down first.
 
 We wrap `_get_iterator` on DataLoader and on torchdata's StatefulDataLoader:
-`__iter__` makes every iterator through it, and so does torchdata's
-`state_dict()`. torchdata's multi-process iterator is a copy of torch's, not a
-subclass, so iterators are recognised by their `_workers` attribute.
+`__iter__` makes every iterator through it, and so does torchdata's `state_dict()`.
+torchdata's multi-process iterator is a copy of torch's, not a subclass, so
+iterators are recognised by their `_workers` attribute. multiprocessing's
+file-descriptor handoff (how a worker passes a batch's tensors) is a critical
+section for the SIGTERM unwind (signals.py): cut half-way, the worker prints
+ConnectionResetError.
 """
 
 import sys
 import time
 
 from .. import engine, log, registry
-from . import Patches, check_version, installed_version
+from . import Patches, get_version as _version, supported
 
-KIND = "dataloader"
-ORDER = 10
+NAME, KIND, ORDER = "torch", "dataloader", 10
 TARGETS = (
     ("torch.utils.data.dataloader", "DataLoader"),
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
-SUPPORTED = "torch >= 2.0, torchdata >= 0.8"
 _patches = Patches()
+_EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
 
 
 def get_version():
-    return installed_version("torch")
-
-
-def unsupported_reason():
-    return check_version("torch", "2.0") or check_version("torchdata", "0.8")
+    return _version(NAME)
 
 
 def patch():
-    reason = unsupported_reason()
-    if reason:
-        log.warning_once("%s; DataLoader workers are left alone", reason, tree=True)
+    if not supported(NAME):
         return
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child, on_sigterm=unwatch_workers)
     for module_name, class_name in TARGETS:
@@ -47,12 +43,15 @@ def patch():
         if cls is None:
             continue
         if "_get_iterator" not in vars(cls):
-            log.warning_once("%s has no _get_iterator (unsupported version; need %s): not patched",
-                             class_name, SUPPORTED, tree=True)
+            log.warning_once("%s has no _get_iterator (unsupported version); DataLoader workers are left alone",
+                             class_name, tree=True)
             continue
         _patches.wrap(cls, "_get_iterator", _record_iterator)
-    if _patches:
-        engine.arm()
+    from multiprocessing import resource_sharer
+
+    from .. import signals
+
+    _patches.wrap(resource_sharer.DupFd, "detach", signals.critical)
 
 
 def unpatch():
@@ -70,17 +69,15 @@ def _record_iterator(wrapped, instance, args, kwargs):
 
 
 def forget_in_child(it):
-    # In a fork child the iterator's events and queues are shared with the
-    # parent: shutting it down (even from __del__) would stop the parent's
-    # workers and hang its next(). Mark it done so the child never does.
+    # In a fork child the iterator's events and queues are shared with the parent:
+    # shutting it down (even from __del__) would stop the parent's workers and hang its
+    # next(). Mark it done so the child never does; multiprocessing believes the
+    # parent's workers are ours, and its exit function would SIGTERM them.
     it._shutdown = True
     it._worker_pids_set = False
-    # multiprocessing believes the parent's workers are ours, and its exit function
-    # would SIGTERM them.
-    children = getattr(sys.modules.get("multiprocessing.process"), "_children", None)
+    children = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
     for worker in getattr(it, "_workers", ()):
-        if children is not None:
-            children.discard(worker)
+        children.discard(worker)
 
 
 def unwatch_workers(it):
@@ -92,44 +89,65 @@ def unwatch_workers(it):
 
 
 def shutdown_workers(it, timeout):
-    """Signal every worker first, then wait once, then let torch do its bookkeeping.
-
-    torch's `_shutdown_workers()` joins workers one after another with a 5 s
-    timeout each, so N stuck workers cost N x 5 s; torchdata with persistent
-    workers and pin_memory also registers a per-worker atexit that waits 5 s
-    each. Stopping them all here first makes both fast.
-    """
+    """Tell every worker to stop, then wait once: torch's `_shutdown_workers()` joins
+    them one after another with 5 s each, so N stuck workers cost N x 5 s. Half the
+    budget to stop; a worker still running then is killed, so torch's own shutdown,
+    which follows, returns at once. Workers something else ended first (multiprocessing's
+    exit function, in a spawn child) are reported as such."""
     if getattr(it, "_shutdown", True):
-        return
+        return None
+    ended = [w.exitcode for w in it._workers if w.exitcode is not None]
     try:
-        _stop_all(it, min(timeout * 0.8, 5.0))
+        _stop_all(it, time.monotonic() + timeout / 2)
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
-    # Marks the iterator shut down, closes the queues, removes the worker pids
-    # from torch's SIGCHLD handler and terminates any worker still alive.
+    # Marks the iterator shut down, closes the queues, removes the worker pids from
+    # torch's SIGCHLD handler and terminates any worker still alive.
     it._shutdown_workers()
+    if ended:
+        return "workers already ended: " + ", ".join(_EXITCODE_WORDS.get(c, f"exit {c}") for c in ended)
+    return None
 
 
-def _stop_all(it, timeout):
-    deadline = time.monotonic() + timeout
+def _stop_all(it, until):
     # As torch does: the pin-memory thread first, since workers exiting can leave
     # half-written data in the queue it reads.
     thread = getattr(it, "_pin_memory_thread", None)
     if thread is not None:
         it._pin_memory_thread_done_event.set()
         it._worker_result_queue.put((None, None))
-        thread.join(max(0.0, deadline - time.monotonic()))
+        thread.join(max(0.0, until - time.monotonic()))
     it._workers_done_event.set()
     for worker_id, _ in enumerate(it._workers):
         if it._persistent_workers or it._workers_status[worker_id]:
             it._mark_worker_as_unavailable(worker_id, shutdown=True)
-    # Every worker has been told to stop: these joins share one deadline.
-    for w in it._workers:
-        w.join(max(0.0, deadline - time.monotonic()))
+    for w in it._workers:  # every worker has been told: these joins share one deadline
+        w.join(max(0.0, until - time.monotonic()))
     stuck = [w for w in it._workers if w.exitcode is None]
     for w in stuck:
-        w.terminate()
+        w.kill()
     for w in stuck:
         w.join(1.0)
     if stuck:
-        log.debug("terminated %d stuck DataLoader worker(s)", len(stuck))
+        log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
+
+
+def describe(it):
+    workers = list(getattr(it, "_workers", None) or ())
+    loader = "StatefulDataLoader" if "Stateful" in type(it).__name__ else "DataLoader"
+    if not workers:
+        return f"{loader} (no workers)"
+    states = []
+    for w in workers:
+        try:
+            code = w.exitcode  # None while alive; only the parent can ask
+        except Exception:
+            code = None
+        states.append(None if code is None else _EXITCODE_WORDS.get(code, f"exit {code}"))
+    text = f"{loader} with {len(workers)} worker(s) (pid {', '.join(str(w.pid) for w in workers)}"
+    if len(set(states)) == 1 and states[0] is not None:
+        text += f": {states[0]}"
+    elif any(states):
+        text = f"{loader} with {len(workers)} worker(s) (" + ", ".join(
+            f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states))
+    return text + ")"

@@ -1,61 +1,43 @@
 """wandb runs: finish each one with the process's true exit code, before wandb's own exit hook.
 
-wandb (0.31) finishes runs from an atexit hook that its first `wandb.init`
-registers when it starts wandb-core. That leaves gaps, each measured:
-- SIGTERM with the default handler runs no hook: wandb-core is stopped without
-  flushing and the run file keeps no records at all;
-- a `finish()` at interpreter teardown (a tracker's `__del__`) blocks forever,
-  since wandb's asyncio thread is a daemon and is frozen by then;
-- a `finish()` in an atexit callback registered before the first run comes
-  after wandb's teardown and prints ConnectionResetError tracebacks;
-- a killed wandb-core turns wandb's hook into an "Exception ignored" traceback;
-- `raise SystemExit(n)` bypasses wandb's `sys.exit` hook: the run records 0.
+wandb finishes runs from an atexit hook that its first `wandb.init` registers when
+it starts wandb-core (README "wandb runs" lists what that leaves out, measured). The
+engine runs us before any atexit callback: we finish every run this process created
+(`reinit="create_new"` runs too; `wandb.run` holds only the latest), then call
+`wandb.teardown()`, which unregisters wandb's atexit hook and waits for wandb-core to
+write and exit. A later `finish()` is then a no-op.
 
-The engine runs us before any atexit callback. We finish every run this
-process created (`reinit="create_new"` runs too; `wandb.run` holds only the
-latest), then call `wandb.teardown()`, which unregisters wandb's atexit hook
-and waits for wandb-core to write and exit. A later `finish()` is then a no-op.
-
-The exit code is the engine's (`engine.ending()`: signals, the uncaught exception, sys.exit).
-We leave `sys.excepthook` alone: wandb's prints the traceback and then calls
-any hook that is not the default, so the user's traceback would print twice.
+The exit code is the engine's (`engine.ending()`). We leave `sys.excepthook` alone:
+wandb's prints the traceback and then calls any hook that is not the default, so the
+user's traceback would print twice. `Run.__exit__` does not see our SIGTERM unwind: it
+would print it as a traceback and record exit code 1; the teardown records 143.
 """
 
 import os
 import sys
 
 from .. import engine, log, registry
-from . import Patches, check_version, installed_version
+from . import Patches, get_version as _version, supported
 
-KIND = "wandb"
-ORDER = 30
-SUPPORTED = "wandb >= 0.22, < 0.32"  # tested: 0.22.3, 0.26.1, 0.30.0, 0.31.0 (the private names below)
+NAME = KIND = "wandb"
+ORDER = 30  # the private names below: tested on 0.22.0 and 0.31
 _patches = Patches()
 
 
 def get_version():
-    return installed_version("wandb")
-
-
-def unsupported_reason():
-    return check_version("wandb", "0.22", "0.32")
+    return _version(NAME)
 
 
 def patch():
-    if _patches:
+    if _patches or not supported(NAME):
         return
-    reason = unsupported_reason()
-    if reason:
-        log.warning_once("%s; wandb runs are left to wandb", reason, tree=True)
-        return
-    from wandb.sdk import wandb_init
+    from wandb.sdk import wandb_init, wandb_run
 
     # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
     _patches.rebind(wandb_init.init, _record_run, "wandb")
+    _patches.wrap(wandb_run.Run, "__exit__", _exit_unless_stopped)
     engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
-    engine.arm()
-    # Runs started before we were imported are not seen by the patched init:
-    # take them from wandb's own list of unfinished runs.
+    # Runs started before we were imported are not seen by the patched init.
     for run in _active_runs():
         _record(run)
 
@@ -73,6 +55,12 @@ def _record_run(wrapped, instance, args, kwargs):
     return run
 
 
+def _exit_unless_stopped(wrapped, instance, args, kwargs):
+    if engine.is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
+        return False  # the teardown finishes the run, with the signal's code
+    return wrapped(*args, **kwargs)
+
+
 def _record(run):
     # Only private attributes here: in a fork child, any public Run property
     # silently attaches the child to the parent's run (wandb 0.31 `_attach`).
@@ -80,7 +68,6 @@ def _record(run):
     if getattr(settings, "_noop", False) or getattr(run, "_init_pid", None) != os.getpid():
         return  # WANDB_MODE=disabled, or the parent's run
     registry.record(KIND, run)
-    engine.arm()  # in a fork child that starts its own run
 
 
 def _setup():
@@ -99,31 +86,31 @@ def _active_runs():
 
 def _core_status():
     """wandb-core's exit status if this process started it and it has died, else None."""
-    setup = _setup()
-    service = getattr(getattr(setup, "_connection", None), "_proc", None)
+    service = getattr(getattr(_setup(), "_connection", None), "_proc", None)
     process = getattr(service, "_process", None)  # a subprocess.Popen
     return process.poll() if process is not None else None
 
 
 def _exit_code():
-    code, exception = engine.exit_code()
+    code, exception, _ = engine.ending()
     # wandb's own excepthook records 255 for KeyboardInterrupt; keep its convention.
     return 255 if isinstance(exception, KeyboardInterrupt) else code
 
 
 def finish_run(run, timeout):
     if getattr(run, "_is_finished", True) or _setup() is None:
-        return  # finished by the user, or wandb.teardown() already closed it
+        return None  # finished by the user, or wandb.teardown() closed it
     status = _core_status()
     if status is None:
         run.finish(exit_code=_exit_code())
-        return
+        return None
     run._console_stop()  # else wandb's console capture sends our warning to the dead socket
     _warn_core_ended(status)
     # Nothing can finish the run now, and a later finish() by the user or in a
     # `__del__` would raise or hang: make it a no-op.
     run._is_finished = True
     _setup().remove_active_run(run)
+    return "wandb-core gone"
 
 
 def teardown(timeout):
@@ -159,3 +146,12 @@ def forget_in_child(run):
     cleanup = getattr(getattr(setup, "_connection", None), "_cleanup", None)
     if cleanup is not None and getattr(setup, "_pid", None) != os.getpid():
         cleanup()
+
+
+def describe(run):
+    # Private attributes only: in a fork child the public properties talk to the parent's run.
+    settings = getattr(run, "_settings", None)
+    run_id = getattr(run, "_run_id", None) or getattr(settings, "run_id", None)
+    name, project = getattr(settings, "run_name", None), getattr(settings, "project", None)
+    return (f"run {run_id}" if run_id else "run") + (f" ({name!s})" if name else "") + (
+        f" in project {project}" if project else "")

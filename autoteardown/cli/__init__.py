@@ -1,4 +1,8 @@
-"""The `autoteardown` command (also `python -m autoteardown`), and `autoteardown-run`,
+"""The command-line tools (this subpackage; everything else in autoteardown/ is the runtime):
+cli (here), doctor.py, demo.py and wandb_records.py (the run-file reader the demo and the
+tests use).
+
+The `autoteardown` command (also `python -m autoteardown`), and `autoteardown-run`,
 its ddtrace-run-style alias for `autoteardown run`.
 
     autoteardown run [-d] [--] COMMAND [ARGS...]   run COMMAND with autoteardown in every Python process
@@ -18,14 +22,14 @@ RUN_ALIAS = "autoteardown-run"
 
 
 def _version():
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
 
 def environment_help():
     lines = ["environment (read by every process autoteardown is active in):"]
-    from .config import INTERNAL_VARIABLES, VARIABLES
+    from ..config import INTERNAL_VARIABLES, VARIABLES
 
     for name, meaning, default in VARIABLES:
         lines.append(f"  {name}\n      {meaning} (default: {default})")
@@ -34,12 +38,8 @@ def environment_help():
     return "\n".join(lines)
 
 
-def bootstrap_dir():
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
-
-
 def pythonpath_entries():
-    from .bootstrap import pythonpath_entries
+    from ..bootstrap import pythonpath_entries
 
     return pythonpath_entries()
 
