@@ -39,9 +39,10 @@ _code_override = None   # exit_code= of the finalize() under way
 _armed_pid = None
 _signals_ready = False  # signals.install() ran in the main thread of this process
 _exiting = False        # threading's exit callbacks have begun
+_exit_done = False      # the exit teardown has run
 _signal = None          # (signum, monotonic time) of the SIGTERM taken
 _exit_status = None     # the SystemExit leaving __main__ (see _track_exit)
-_mp_exitcode = None     # a multiprocessing child's exit code (see _on_exit)
+_mp_exitcode = None     # a multiprocessing child's exit code (see _before_multiprocessing_exit)
 _idle = []              # queues of idle runner threads
 _stepping = set()       # idents of the threads running a step now
 _hooked = False         # the exit hooks are registered (inherited by fork children)
@@ -77,6 +78,9 @@ def arm():
             _track_exit()
             _start_runner()  # two: one drives the steps, one runs them
             _start_runner()
+            util = sys.modules.get("multiprocessing.util")
+            if util is not None:
+                _patches.wrap(util, "_exit_function", _before_multiprocessing_exit)
             _report("header")
         if not _signals_ready:
             from . import signals
@@ -309,21 +313,38 @@ def _on_exit():
     if _armed_pid != os.getpid():
         return  # inherited through fork: the parent's business
     _exiting = True
-    if _signal is not None:
+    if _signal is not None and not _exit_done:
         _exit_teardown()
 
 
 def _on_exit_after_threads():
     """Called last: on a normal end, once the non-daemon threads have ended."""
-    global _exiting, _mp_exitcode
-    if _armed_pid != os.getpid():
+    global _exiting
+    if _armed_pid != os.getpid() or _exit_done:
         return
     _exiting = True
-    _mp_exitcode = _multiprocessing_exitcode(sys._getframe(1))
     try:
         _join_threads()
     finally:  # a Ctrl-C that stops the wait is Python's to report, after the teardown
         _exit_teardown()
+
+
+def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
+    """A multiprocessing child (spawn, forkserver) ends in BaseProcess._bootstrap, which
+    calls `util._exit_function()` (it SIGTERMs the daemonic children: DataLoader workers)
+    before threading's exit callbacks: the teardown comes first, with the code the child
+    will exit with (the exception run() raised is still being handled here)."""
+    global _mp_exitcode
+    bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
+    frame, code = sys._getframe(1), getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    if frame is not None and _armed_pid == os.getpid() and not _exit_done:
+        exc = sys.exc_info()[1]
+        _mp_exitcode = 0 if exc is None else 1 if not isinstance(exc, SystemExit) else (
+            0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1)
+        _on_exit_after_threads()
+    return wrapped(*args, **kwargs)
 
 
 def _join_threads():
@@ -340,26 +361,14 @@ def _join_threads():
 
 
 def _exit_teardown():
+    global _exit_done
+    _exit_done = True
     signal_ = _signal
     interrupted = _finalize((signal_[1] if signal_ else time.monotonic()) + config.TIMEOUT)
     if interrupted is not None:
         log.debug("exit teardown cut short by %r", interrupted)
     if _signal is not None:  # a SIGTERM before or during the teardown: die of it, as without us
         sys.modules["autoteardown.signals"].end_process(_signal[0])
-
-
-def _multiprocessing_exitcode(frame):
-    """A multiprocessing child (spawn, forkserver) ends in BaseProcess._bootstrap, which
-    sets `exitcode`, calls threading._shutdown() (so us) and only then returns it to
-    sys.exit(). Nothing else shows that code yet: read it there."""
-    bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
-    code = getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
-    while frame is not None and code is not None:
-        if frame.f_code is code:
-            exitcode = frame.f_locals.get("exitcode")
-            return exitcode if isinstance(exitcode, int) else None
-        frame = frame.f_back
-    return None
 
 
 # ---- signals (called by signals.py) -----------------------------------------------
@@ -426,7 +435,7 @@ def ending():
     3. The uncaught exception that ended __main__ (KeyboardInterrupt too): 1. Trusted
        only outside interactive sessions and when its traceback starts in __main__'s
        own frame (a REPL or code.interact() leave stale ones behind).
-    4. A multiprocessing child's exit code, read from BaseProcess._bootstrap.
+    4. A multiprocessing child's exit code (see _before_multiprocessing_exit).
     5. The SystemExit that left __main__: its code (None 0, a message 1).
     6. 0: __main__ ran to its end, or Python hides how it ended (see _track_exit).
     """
@@ -545,11 +554,11 @@ def disarm():
 def _after_fork_in_child():
     """A forked child starts with no resources, never finalizes its parent's, and has
     the default SIGTERM until it records a resource of its own."""
-    global _lock, _busy, _finalizer, _signals_ready, _exiting, _signal, _exit_status
+    global _lock, _busy, _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status
     # Only the forking thread lives on in the child: a lock another thread held at the
     # fork would never be released here (registry and importhook reset their own).
     _lock, _busy = _thread.RLock(), _thread.allocate_lock()
-    _finalizer, _signals_ready, _exiting, _signal, _exit_status = None, False, False, None, None
+    _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status = None, False, False, False, None, None
     _idle.clear()
     _stepping.clear()
     registry.on_record = arm

@@ -117,7 +117,7 @@ class Probe:
 seen = []
 
 def finalize_one(obj, timeout):
-    code, exc = engine.exit_code()
+    code, exc, _ = engine.ending()
     seen.append(code)
     print("SEEN:", json.dumps([code, type(exc).__name__ if exc else None, engine.exit_signal()]), flush=True)
 

@@ -92,11 +92,9 @@ def shutdown_workers(it, timeout):
     """Tell every worker to stop, then wait once: torch's `_shutdown_workers()` joins
     them one after another with 5 s each, so N stuck workers cost N x 5 s. Half the
     budget to stop; a worker still running then is killed, so torch's own shutdown,
-    which follows, returns at once. Workers something else ended first (multiprocessing's
-    exit function, in a spawn child) are reported as such."""
+    which follows, returns at once."""
     if getattr(it, "_shutdown", True):
-        return None
-    ended = [w.exitcode for w in it._workers if w.exitcode is not None]
+        return
     try:
         _stop_all(it, time.monotonic() + timeout / 2)
     except Exception:
@@ -104,9 +102,6 @@ def shutdown_workers(it, timeout):
     # Marks the iterator shut down, closes the queues, removes the worker pids from
     # torch's SIGCHLD handler and terminates any worker still alive.
     it._shutdown_workers()
-    if ended:
-        return "workers already ended: " + ", ".join(_EXITCODE_WORDS.get(c, f"exit {c}") for c in ended)
-    return None
 
 
 def _stop_all(it, until):
