@@ -58,6 +58,7 @@ _main = threading.main_thread().ident
 _hold = 0             # critical sections the main thread is in
 _pending = False      # an unwind waits for the critical section to end
 _raised = False       # our Stop was raised in the main thread
+_resend = False       # the helper is to send SIGTERM again (a Stop was swallowed)
 
 
 class Stop(SystemExit):
@@ -99,11 +100,11 @@ def uninstall():
 def reset_in_child():
     """A fork child: the default SIGTERM again, no helper (the thread is not here), no
     timers, and never a byte into the parent's pipe."""
-    global _installed, _lock, _main, _hold, _pending, _raised
+    global _installed, _lock, _main, _hold, _pending, _raised, _resend
     if signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _installed, _lock, _main = None, threading.Lock(), threading.get_ident()
-    _hold, _pending, _raised = 0, False, False
+    _hold, _pending, _raised, _resend = 0, False, False, False
     _alarms.clear()
     _stop_helper(join=False)
 
@@ -152,11 +153,13 @@ def critical(wrapped, instance, args, kwargs):
 def on_unraisable(wrapped, instance, args, kwargs):
     """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is
     raised again at the next bytecode (the signal handler runs there); it is not printed."""
-    global _raised
+    global _resend
     unraisable = args[0] if args else kwargs.get("unraisable")
     if isinstance(getattr(unraisable, "exc_value", None), Stop) and _installed:
-        _raised = False
-        signal.raise_signal(signal.SIGTERM)
+        # Not from here (the handler would raise inside this hook): the helper sends it
+        # again, and only then counts it as not raised.
+        _resend = True
+        _wake()
         return None
     return wrapped(*args, **kwargs)
 
@@ -298,6 +301,8 @@ def _serve(read_fd):
                 action()
             except Exception:
                 log.debug_exception("alarm failed")
+        if _resend and not _resend_signal():
+            waits.append(0.001)
         try:
             ready, _, _ = select.select([read_fd], [], [], max(0.0, min(waits)) if waits else None)
             data = os.read(read_fd, 512) if ready else b""
@@ -310,6 +315,20 @@ def _serve(read_fd):
                 signal.SIGTERM in data and _own_wakeup and signal.getsignal(signal.SIGTERM) is _handler)):
             watched = True
             _watch(now)
+
+
+def _resend_signal():
+    """Send the swallowed SIGTERM again once the main thread has left the unraisable hook
+    (there, the handler would raise into the hook). False: not yet."""
+    global _resend, _raised
+    frame = sys._current_frames().get(_main)
+    while frame is not None:
+        if frame.f_code is on_unraisable.__code__:
+            return False
+        frame = frame.f_back
+    _resend = _raised = False
+    os.kill(os.getpid(), signal.SIGTERM)
+    return True
 
 
 def _watch(now):

@@ -1,0 +1,195 @@
+"""Unmodified scripts for the core's rules (issue: a small, principled core). Usage: rules_job.py MODE
+
+MODE:
+  thread      the main thread returns while a non-daemon thread still iterates its own
+              DataLoader (150 steps); prints THREAD: steps done
+  stuck       DataLoader workers + a wandb run; the main thread is in C code
+              (hashlib.pbkdf2_hmac, about 1.5 s) when SIGTERM comes; prints RAN ON if its
+              loop gets to run another step afterwards
+  weakref     DataLoader workers; SIGTERM arrives inside a weakref.finalize callback
+  gc          DataLoader workers; SIGTERM arrives inside a gc callback
+  with        `with wandb.init() as run:` + SIGTERM while logging
+  lock        DataLoader workers; SIGTERM while the main thread holds the lock that the
+              signal path's timers use
+  uninstall   DataLoader workers, autoteardown.uninstall(), then a pipe of the user's:
+              prints PIPE: the bytes it read back
+  spawnchild  a spawn multiprocessing child that iterates a DataLoader with 2 workers and returns
+  dropped     a DataLoader iterator recorded and dropped before the end (nothing left at exit)
+  exitcodes   a caught sys.exit(2), then a bare `raise SystemExit(5)`, with DataLoader workers
+  spawnworker a spawn DataLoader worker prints ARMED: whether its SIGTERM handler is ours and
+              its thread count
+  pool        a ProcessPoolExecutor(2) running 60 s tasks, a DataLoader; SIGTERM to the parent
+
+Prints PIDS: (DataLoader workers, pool workers), READY when waiting for a signal.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def report(tag, *values):
+    print(f"{tag}:", *values, flush=True)
+
+
+def loader(workers=2, **kwargs):
+    from torch.utils.data import DataLoader
+
+    it = iter(DataLoader(list(range(100_000)), batch_size=4, num_workers=workers, **kwargs))
+    next(it)
+    report("PIDS", *[w.pid for w in it._workers])
+    return it
+
+
+def spawn_worker_init(worker_id):
+    import autoteardown.signals as signals  # present only if something imported it
+
+    ours = signal.getsignal(signal.SIGTERM) is getattr(signals, "_handler", None)
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("autoteardown"))
+    report("ARMED", ours, ",".join(names) or "-")
+
+
+def spawn_child():
+    global kept
+    kept = loader()  # alive at the child's exit, as a trainer's loader is
+    for _ in range(20):
+        next(kept)
+
+
+def square(x):
+    time.sleep(60)
+    return x * x
+
+
+def main(mode):
+    if mode == "thread":
+        started = threading.Event()
+
+        def train():
+            it = loader()
+            started.set()
+            steps = 0
+            for _ in range(150):
+                next(it)
+                steps += 1
+                time.sleep(0.01)
+            report("THREAD", steps)
+
+        threading.Thread(target=train).start()
+        started.wait(60)
+        return
+    if mode == "stuck":
+        import hashlib
+
+        import wandb
+
+        it = loader()
+        run = wandb.init(project="autoteardown-tests", name="main")
+        for step in range(10):
+            run.log({"x": step})
+        report("READY")
+        while True:
+            hashlib.pbkdf2_hmac("sha256", b"x", b"salt", 1_500_000)  # about 1.5 s in C
+            print("RAN ON", flush=True)
+            next(it)
+    if mode in ("weakref", "gc"):
+        import gc
+        import weakref
+
+        globals()["kept"] = loader()  # alive at the end: the teardown shuts it down
+
+        def callback(*_):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # bytecode for the handler to run in
+                pass
+
+        class Thing:
+            pass
+
+        if mode == "weakref":
+            thing = Thing()
+            weakref.finalize(thing, callback)
+            report("READY")
+            del thing
+        else:
+            gc.callbacks.append(callback)
+            report("READY")
+            gc.collect()
+        while True:
+            time.sleep(0.1)
+    if mode == "with":
+        import wandb
+
+        with wandb.init(project="autoteardown-tests", name="main") as run:
+            for step in range(10):
+                run.log({"x": step})
+            report("READY")
+            while True:
+                time.sleep(0.05)
+    if mode == "lock":
+        import autoteardown.signals as signals
+
+        it = loader()  # noqa: F841
+        lock = getattr(signals, "_alarm_lock", None) or signals._lock
+        with lock:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(50):
+                time.sleep(0.1)
+        return
+    if mode == "uninstall":
+        import autoteardown
+
+        it = loader()  # noqa: F841
+        time.sleep(0.2)
+        autoteardown.uninstall()
+        read_fd, write_fd = os.pipe()
+        os.write(write_fd, b"mine")
+        time.sleep(0.5)  # a stale helper thread would read the bytes meanwhile
+        os.set_blocking(read_fd, False)
+        try:
+            got = os.read(read_fd, 16)
+        except BlockingIOError:
+            got = b""
+        report("PIPE", got.decode() or "-")
+        return
+    if mode == "spawnchild":
+        import multiprocessing
+
+        child = multiprocessing.get_context("spawn").Process(target=spawn_child)
+        child.start()
+        child.join(120)
+        report("CHILD", child.exitcode)
+        return
+    if mode == "dropped":
+        it = loader()
+        del it
+        return
+    if mode == "exitcodes":
+        it = loader()  # noqa: F841
+        try:
+            sys.exit(2)
+        except SystemExit:
+            pass
+        raise SystemExit(5)
+    if mode == "spawnworker":
+        it = loader(1, multiprocessing_context="spawn", worker_init_fn=spawn_worker_init)  # noqa: F841
+        time.sleep(0.5)
+        return
+    if mode == "pool":
+        from concurrent.futures import ProcessPoolExecutor
+
+        it = loader()  # noqa: F841
+        with ProcessPoolExecutor(2) as pool:
+            futures = [pool.submit(square, n) for n in range(2)]
+            time.sleep(1.0)
+            report("PIDS", *pool._processes)
+            report("READY")
+            for future in futures:
+                future.result()
+    raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
