@@ -10,8 +10,7 @@ import sys
 from . import __version__, config, integrations
 from .bootstrap import pythonpath_entries
 
-PACKAGES = ("wrapt", "psutil", "torch", "torchdata", "tensorboard", "tensorboardX", "wandb", "ray", "mlflow",
-            "swanlab", "trackio")
+PACKAGES = ("wrapt", "psutil", "torch", "torchdata", "tensorboard", "tensorboardX", "wandb", "ray", "mlflow")
 # The top-level modules an integration's library installs (looked up without importing them).
 LIBRARIES = {"torch": ("torch",), "distributed": ("torch",), "tensorboard": ("tensorboard", "tensorboardX"),
              "wandb": ("wandb",), "ray": ("ray",), "mlflow": ("mlflow",)}
@@ -90,10 +89,8 @@ def doctor():
         except ImportError as exc:
             print(f"  {name:<12} unavailable: {exc}")
             continue
-        # The integrations that predate integrations.TABLE still say it themselves.
-        supported = getattr(module, "SUPPORTED", None) or integrations.supported_range(name)
-        problem = (module.unsupported_reason() if hasattr(module, "unsupported_reason")
-                   else integrations.unsupported_reason(name))
+        supported = getattr(module, "SUPPORTED", "")
+        problem = module.unsupported_reason() if hasattr(module, "unsupported_reason") else None
         state = f"will NOT patch: {problem}" if problem else "will patch when imported"
         print(f"  {name:<12} {state}" + (f"  (supports {supported})" if supported else ""))
     print("\nconfig:")
