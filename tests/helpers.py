@@ -295,6 +295,14 @@ def fake_distribution(folder, name, version):
     return os.pathsep.join(map(str, [fake.parent, SITECUSTOMIZE, ROOT]))
 
 
+def ended_quietly(result, status, traces=0):
+    """The script ended with `status`, printed `traces` tracebacks (the user's own), no exit
+    noise and no line of ours."""
+    assert result.returncode == status, result
+    assert tracebacks(result.stderr) == traces and noise(result.stderr) == [], result
+    assert "autoteardown:" not in result.stderr, result
+
+
 def tracebacks(stderr):
     return len(re.findall(r"^Traceback \(most recent call last\)", stderr, re.M))
 

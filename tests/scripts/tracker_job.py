@@ -7,10 +7,10 @@ WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoade
          script ends: the run is left as the user ended it); fork (a raw fork child
          ends normally, then the parent logs STEPS more); tracker (verl-style: a module
          global owns the run and ends it only in __del__); ray (verl's topology: a
-         TaskRunner actor of a local Ray owns the run and a
-         StatefulDataLoader with 2 workers; the driver gets its result and
-         ends; prints "ACTOR: pid").
-ENDING:  normal, raise, exit3, interrupt, sigterm (prints READY and waits).
+         TaskRunner actor of a local Ray owns the run and a StatefulDataLoader with 2
+         workers, the driver gets its result and ends; prints "ACTOR: pid");
+         late_import (the run starts before `import autoteardown`).
+ENDING:  normal, raise, exit3, interrupt, sigterm (prints READY and waits): endings.py.
 
 Logs one scalar "loss" per step, STEPS steps of 0.1 s. Prints which autoteardown it
 runs ("AUTOTEARDOWN: file") and whether the run class is patched ("PATCHED: bool").
@@ -19,6 +19,8 @@ runs ("AUTOTEARDOWN: file") and whether the run class is patched ("PATCHED: bool
 import os
 import sys
 import time
+
+import endings  # tests/scripts is sys.path[0]
 
 STEPS = 8
 library, what, ending = sys.argv[1:4]
@@ -91,6 +93,8 @@ if what == "tracker":
     run = TRACKER.run
 else:
     run = start()
+if what == "late_import":
+    import autoteardown  # noqa: F401  (from PYTHONPATH, not the sitecustomize)
 owner = sys.modules["swanlab.sdk.internal.run" if library == "swanlab" else "trackio.run"].Run
 print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
 print("PATCHED:", hasattr(owner.__init__, "__wrapped__"), flush=True)
@@ -104,13 +108,4 @@ if what == "fork":
     os.waitpid(child, 0)
     log(run, range(STEPS, 2 * STEPS))
 
-if ending == "raise":
-    raise ValueError("the user's own error")
-if ending == "exit3":
-    sys.exit(3)
-if ending == "interrupt":
-    raise KeyboardInterrupt
-if ending == "sigterm":
-    print("READY", flush=True)
-    while True:
-        time.sleep(0.1)
+endings.end(ending)
