@@ -24,7 +24,8 @@ from .integrations import TABLE
 _header = None     # this process's header (dict), once armed
 _teardown = None   # the teardown under way: {"trigger", "code", "steps": [...]}
 _written = None    # pid that already appended its JSON line
-_AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)"}
+_AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)",
+              "trackio": "its exit hook taken off (it would finish a run twice)"}
 
 
 def _safe(func):

@@ -274,6 +274,35 @@ class Jobs:
                 pass
 
 
+def tracker_job(jobs, library, what, ending, shim=True, timeout=120, **env):
+    """tests/scripts/tracker_job.py, offline and in jobs.dir; "sigterm": SIGTERM once READY."""
+    env = {"TRACKER_DIR": jobs.dir, "TRACKIO_DIR": jobs.dir, "SWANLAB_MODE": "offline",
+           "SWANLAB_ROOT": jobs.dir / "swanlab-root", **env}
+    args = ("tracker_job.py", library, what, ending)
+    if ending != "sigterm":
+        return jobs.run(*args, shim=shim, env=env, timeout=timeout)
+    proc = jobs.start(*args, shim=shim, env=env)
+    _, before = wait_for_line(proc, "READY")
+    proc.send_signal(signal.SIGTERM)
+    return jobs.finish(proc, timeout=timeout, before=before)
+
+
+def fake_distribution(folder, name, version):
+    """PYTHONPATH for the shim with a dist-info that importlib.metadata finds first."""
+    fake = folder / "fake" / f"{name}-{version}.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return os.pathsep.join(map(str, [fake.parent, SITECUSTOMIZE, ROOT]))
+
+
+def ended_quietly(result, status, traces=0):
+    """The script ended with `status`, printed `traces` tracebacks (the user's own), no exit
+    noise and no line of ours."""
+    assert result.returncode == status, result
+    assert tracebacks(result.stderr) == traces and noise(result.stderr) == [], result
+    assert "autoteardown:" not in result.stderr, result
+
+
 def tracebacks(stderr):
     return len(re.findall(r"^Traceback \(most recent call last\)", stderr, re.M))
 

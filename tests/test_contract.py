@@ -32,6 +32,8 @@ EXPECTED = {
     "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init"},
     "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
             "ray.shutdown"},
+    "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
+    "trackio": {"trackio.run.Run.__init__"},
 }
 
 CONTRACT = r"""

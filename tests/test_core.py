@@ -11,7 +11,7 @@ from helpers import ROOT, base_env
 
 from autoteardown import registry
 
-HEAVY = ("torch", "torchdata", "wandb", "ray", "wrapt")
+HEAVY = ("torch", "torchdata", "wandb", "ray", "wrapt", "mlflow", "swanlab", "trackio")
 
 
 def python(code, shim=True, timeout=120, **env):

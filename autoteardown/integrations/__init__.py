@@ -25,6 +25,10 @@ TABLE = {
     "ray": ("ray", ("ray",), "Ray actors", ("ray", "2.40", "2.61")),
     # mlflow-skinny provides the same `mlflow` package, without the server.
     "mlflow": ("mlflow", ("mlflow",), "mlflow runs", ("mlflow", "2.10", "4"), ("mlflow-skinny", "2.10", "4")),
+    # Both rely on private names of these releases (see their modules); tested:
+    # swanlab 0.9.8 and 0.10.3, trackio 0.40.0 and 0.43.0.
+    "swanlab": ("swanlab", ("swanlab",), "swanlab runs", ("swanlab", "0.9.8", "0.11")),
+    "trackio": ("trackio", ("trackio",), "trackio runs", ("trackio", "0.40", "0.44")),
 }
 TRIGGERS = {name: row[1] for name, row in TABLE.items()}
 

@@ -1,0 +1,85 @@
+"""SwanLab runs: finish each one with the state the process really ends with.
+
+swanlab (0.9.8 to 0.10.3) finishes its run from hooks that `Run.__init__` sets:
+an atexit callback (finish(), "success"), `sys.excepthook` ("crashed", or
+"aborted" for KeyboardInterrupt, then the previous hook prints the traceback)
+and a SIGINT handler ("aborted"). Measured offline (0.10.3):
+- SIGTERM with the default handler runs none of them: the run file stays 0 bytes
+  (its writer flushes only in finish()); under the engine's SIGTERM handling too,
+  since the process dies of the signal after our teardown, before atexit callbacks;
+- `sys.exit(3)` reaches only the atexit callback: the run says FINISHED.
+
+We wrap `Run.__init__` and finish every run still alive at exit (before atexit):
+"success" for status 0, "crashed" with the reason for an exception or a non-zero
+status, "aborted" for SIGTERM or KeyboardInterrupt. An uncaught exception reaches
+swanlab's excepthook first, which finishes the run as without us and prints the
+one traceback; we leave it, as any run the user finished, alone. finish() takes
+swanlab's atexit callback off, so nothing finishes a run twice. No fork callback:
+a fork child's registry starts empty, and swanlab's `alive` is False there (pid).
+"""
+
+import threading
+import traceback
+
+from .. import engine, log, registry
+from . import Patches, supported
+from . import get_version as _version
+
+NAME = KIND = "swanlab"
+ORDER = 26  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
+_patches = Patches()
+
+
+def get_version():
+    return _version(NAME)
+
+
+def patch():
+    if _patches or not supported(NAME):
+        return
+    from swanlab.sdk.internal.run import Run, get_run
+
+    _patches.wrap(Run, "__init__", _record_run)
+    engine.register_kind(KIND, ORDER, finish_run)
+    try:  # a run started before we were imported
+        registry.record(KIND, get_run())
+    except RuntimeError:
+        pass
+
+
+def unpatch():
+    _patches.restore()
+
+
+def _record_run(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    try:
+        registry.record(KIND, instance)
+    except Exception:
+        log.debug_exception("could not record swanlab run %r", instance)
+
+
+def _state():
+    """(state, error) for finish(), from how the process ends."""
+    code, exception, why = engine.ending()
+    if isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None:
+        return "aborted", why
+    if exception is not None:
+        return "crashed", "".join(traceback.format_exception(exception))
+    return ("success", None) if code == 0 else ("crashed", f"{why}: exit status {code}")
+
+
+def finish_run(run, timeout):
+    if not run.alive:
+        return  # finished: by the user, by swanlab's excepthook or SIGINT handler
+    if threading.current_thread() is not threading.main_thread():
+        # finish() puts SIGINT's handler back when the run began in the main thread,
+        # which raises in ours; swanlab's handler, left in place, hands a later
+        # SIGINT to the one before it once the run has ended.
+        run._is_main_thread = False
+    state, error = _state()
+    run.finish(state=state, error=error)
+
+
+def describe(run):
+    return f"run {run.id} ({run.mode}) in {run.dir}"

@@ -1,0 +1,111 @@
+"""An unmodified script logging to SwanLab (offline) or Trackio (local), in TRACKER_DIR.
+Usage: tracker_job.py LIBRARY WHAT ENDING
+
+LIBRARY: swanlab, trackio.
+WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoader with
+         2 workers, as the issue measured); finished (the user ends the run, then the
+         script ends: the run is left as the user ended it); fork (a raw fork child
+         ends normally, then the parent logs STEPS more); tracker (verl-style: a module
+         global owns the run and ends it only in __del__); ray (verl's topology: a
+         TaskRunner actor of a local Ray owns the run and a StatefulDataLoader with 2
+         workers, the driver gets its result and ends; prints "ACTOR: pid");
+         late_import (the run starts before `import autoteardown`).
+ENDING:  normal, raise, exit3, interrupt, sigterm (prints READY and waits): endings.py.
+
+Logs one scalar "loss" per step, STEPS steps of 0.1 s. Prints which autoteardown it
+runs ("AUTOTEARDOWN: file") and whether the run class is patched ("PATCHED: bool").
+"""
+
+import os
+import sys
+import time
+
+import endings  # tests/scripts is sys.path[0]
+
+STEPS = 8
+library, what, ending = sys.argv[1:4]
+folder = os.environ["TRACKER_DIR"]
+
+if library == "swanlab":
+    import swanlab
+
+    def start():
+        return swanlab.init(mode="offline", log_dir=folder, project="autoteardown-tests")
+
+    def end(run):
+        run.finish()
+else:
+    import trackio  # its folder: TRACKIO_DIR
+
+    def start():
+        return trackio.init(project="autoteardown-tests")
+
+    def end(run):
+        trackio.finish()
+
+
+def log(run, steps):
+    for step in steps:
+        if what in ("loader", "ray"):
+            next(batches)
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        time.sleep(0.1)  # a training step: trackio's sender writes every 0.5 s in between
+
+
+class Tracker:
+    """As verl's Tracking: holds the run and ends it only when collected."""
+
+    def __init__(self):
+        self.run = start()
+
+    def __del__(self):
+        end(self.run)
+
+
+
+
+def loader():
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    return iter(StatefulDataLoader(list(range(1000)), batch_size=4, num_workers=2))
+
+
+if what == "loader":
+    batches = loader()
+if what == "ray":
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class TaskRunner:
+        def run(self):
+            global batches
+            batches = loader()
+            self.run = start()
+            log(self.run, range(STEPS))
+            return os.getpid()
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    runner = TaskRunner.remote()  # kept, as verl does (a dropped handle kills the actor at once)
+    print("ACTOR:", ray.get(runner.run.remote()), flush=True)
+    sys.exit(0)
+if what == "tracker":
+    TRACKER = Tracker()
+    run = TRACKER.run
+else:
+    run = start()
+if what == "late_import":
+    import autoteardown  # noqa: F401  (from PYTHONPATH, not the sitecustomize)
+owner = sys.modules["swanlab.sdk.internal.run" if library == "swanlab" else "trackio.run"].Run
+print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
+print("PATCHED:", hasattr(owner.__init__, "__wrapped__"), flush=True)
+log(run, range(STEPS))
+if what == "finished":
+    end(run)
+if what == "fork":
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # a raw fork child ending through the normal exit path
+    os.waitpid(child, 0)
+    log(run, range(STEPS, 2 * STEPS))
+
+endings.end(ending)
