@@ -89,6 +89,7 @@ def test_a_spawn_child_tears_down_before_multiprocessings_exit_function(jobs, tm
     out = tmp_path / "report.jsonl"
     result = jobs.run("rules_job.py", "spawnchild", AUTOTEARDOWN_REPORT=out)
     assert result.returncode == 0 and "CHILD: 0" in result.stdout, result
+    assert "MPEXIT: 0" in result.stdout, result  # shut down by the teardown, not SIGTERMed by it
     (line,) = [json.loads(text) for text in out.read_text().splitlines()]
     (step,) = line["steps"]
     assert step["outcome"] == "finalized" and step["resource"].endswith(": stopped)"), line

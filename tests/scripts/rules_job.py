@@ -3,9 +3,9 @@
 MODE:
   thread      the main thread returns while a non-daemon thread still iterates its own
               DataLoader (150 steps); prints THREAD: steps done
-  stuck       DataLoader workers + a wandb run; the main thread is in C code
-              (hashlib.pbkdf2_hmac, about 1.5 s) when SIGTERM comes; prints RAN ON if its
-              loop gets to run another step afterwards
+  stuck       DataLoader workers + a wandb run + a slow last step (fault injection: 3 s);
+              the main thread is in C code (hashlib.pbkdf2_hmac, about 2 s) when SIGTERM
+              comes; prints RAN ON if its loop runs another step afterwards
   weakref     DataLoader workers; SIGTERM arrives inside a weakref.finalize callback
   gc          DataLoader workers; SIGTERM arrives inside a gc callback
   with        `with wandb.init() as run:` + SIGTERM while logging
@@ -13,7 +13,8 @@ MODE:
               signal path's timers use
   uninstall   DataLoader workers, autoteardown.uninstall(), then a pipe of the user's:
               prints PIPE: the bytes it read back
-  spawnchild  a spawn multiprocessing child that iterates a DataLoader with 2 workers and returns
+  spawnchild  a spawn multiprocessing child that iterates a DataLoader with 2 workers and returns;
+              prints MPEXIT: how many workers are alive when multiprocessing's exit begins
   dropped     a DataLoader iterator recorded and dropped before the end (nothing left at exit)
   exitcodes   a caught sys.exit(2), then a bare `raise SystemExit(5)`, with DataLoader workers
   spawnworker a spawn DataLoader worker prints ARMED: whether its SIGTERM handler is ours and
@@ -52,10 +53,15 @@ def spawn_worker_init(worker_id):
 
 
 def spawn_child():
+    import multiprocessing.util
+
     global kept
     kept = loader()  # alive at the child's exit, as a trainer's loader is
     for _ in range(20):
         next(kept)
+    # Runs first in multiprocessing's exit function, which then SIGTERMs daemonic children.
+    multiprocessing.util.Finalize(None, lambda: report("MPEXIT", sum(w.is_alive() for w in kept._workers)),
+                                  exitpriority=100)
 
 
 def square(x):
@@ -85,15 +91,25 @@ def main(mode):
 
         import wandb
 
+        from autoteardown import engine, registry
+
         it = loader()
         run = wandb.init(project="autoteardown-tests", name="main")
         for step in range(10):
             run.log({"x": step})
+
+        class Upload:  # fault injection: a slow last step (an upload), so the teardown lasts
+            pass
+
+        upload = Upload()
+        engine.register_kind("upload", 50, lambda obj, timeout: time.sleep(min(3.0, timeout)))
+        registry.record("upload", upload)
         report("READY")
+        hashlib.pbkdf2_hmac("sha256", b"x", b"salt", 6_000_000)  # about 2 s in C: the SIGTERM comes
+        print("RAN ON", flush=True)
+        next(it)
         while True:
-            hashlib.pbkdf2_hmac("sha256", b"x", b"salt", 1_500_000)  # about 1.5 s in C
-            print("RAN ON", flush=True)
-            next(it)
+            time.sleep(0.1)
     if mode in ("weakref", "gc"):
         import gc
         import weakref
