@@ -123,7 +123,8 @@ def finish(proc, timeout=90, started=None):
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
-        out, err = proc.communicate()
+        kill_pids(in_session(proc.pid))  # orphans (reparented) that still hold its pipes
+        out, err = proc.communicate(timeout=30)
         raise AssertionError(f"script hung for {timeout}s\n{out}\n{err}")
     return Run(proc, out, err, time.monotonic() - started)
 
