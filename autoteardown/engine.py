@@ -261,6 +261,13 @@ def _submit(work):
     return True
 
 
+def run_soon(work):
+    """Run `work` in a runner thread (inline if no thread can be had): a timer's
+    blocking part (signals.alarm actions must not block)."""
+    if not _submit(work):
+        work()
+
+
 def _start_runner(idle=True):
     import queue
     import threading

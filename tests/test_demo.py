@@ -53,7 +53,7 @@ def test_every_row_differs_and_the_shim_column_is_clean(full_demo):
     for key, value in table.items():
         if key in expected_with:
             assert value[1] == expected_with[key], (key, out)
-    from autoteardown.demo import ROWS
+    from autoteardown.cli.demo import ROWS
 
     legend = out.split("what the rows mean:")[1].split("\n\n")[0]
     keys = {key for job in ROWS.values() for title, key, _ in job if any(t == title for _, t in table)}

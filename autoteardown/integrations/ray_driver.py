@@ -8,22 +8,19 @@ Facts (ray 2.40 and 2.60):
 - After `__ray_terminate__` GCS marks the actor DEAD at once, but keeps its
   pid and node. If its interpreter teardown then hangs, the process lives on
   with its memory and `ray.kill` is a silent no-op. So the process that sent
-  the request kills the pid after AUTOTEARDOWN_RAY_GRACE_S: one daemon thread
-  does it for every terminated actor on this node; for an actor on another node
-  a zero-CPU task pinned there is sent at once, waits out the grace on that node
-  and kills. (Sent only when due, it needs a fresh worker process there first:
-  2.3 s measured.) The GCS lookup runs in that thread, never in the caller's.
+  the request kills the pid after AUTOTEARDOWN_RAY_GRACE_S: the GCS lookup runs
+  in a runner (never in the caller's thread), and the helper thread's timer
+  (signals.alarm) brings the kill when the grace is over. For an actor on another
+  node a zero-CPU task pinned there is sent at once, waits out the grace on that
+  node and kills (sent only when due, it needs a fresh worker process there first:
+  2.3 s measured).
 - When the creating process exits, its actors are force-killed with no Python
   hook; so at its exit (or `ray.shutdown()`) each live, non-detached actor it
   created is sent `__ray_call__(finalize_in_actor)`, all at once, and one wait
   covers them all.
 """
 
-import heapq
-import itertools
-import os
 import sys
-import threading
 import time
 
 from .. import config, engine, log, registry
@@ -83,7 +80,9 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         registry.forget(instance)  # it will not be asked to finalize: it is ending
-        _reaper.add(_Terminated(instance._ray_actor_id.hex(), requested_at))
+        terminated = _Terminated(instance._ray_actor_id.hex(), requested_at)
+        registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
+        engine.run_soon(terminated.locate)
     except Exception:
         log.debug_exception("could not watch the actor being terminated")
     return result
@@ -114,20 +113,20 @@ def finalize_collected(timeout):
     grace, all in parallel, within `timeout`."""
     import ray
 
-    started = time.monotonic()
+    deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
     handles = [o for o in objs if not isinstance(o, _Terminated)]
     terminated = [o for o in objs if isinstance(o, _Terminated)]
     refs = {}
     if handles and ray.is_initialized():
-        in_actor = max(0.1, timeout - 1.0)  # the actor's own deadline, inside ours
+        in_actor = max(0.1, timeout - 1.0)  # the actor's deadline, a second inside ours: its reply comes in time
         for handle in handles:
             try:
                 refs[handle.__ray_call__.remote(_finalize_in_actor, in_actor)] = handle
             except Exception:
                 log.debug_exception("could not ask actor %s to finalize", _short(handle))
     if refs:
-        wait = max(0.0, timeout - 0.5 - (time.monotonic() - started))
+        wait = max(0.0, deadline - time.monotonic())
         ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
         for ref in ready:
             try:
@@ -138,7 +137,7 @@ def finalize_collected(timeout):
             log.warning("%d actor(s) did not finalize within %.1fs: %s", len(pending), wait,
                         ", ".join(_short(refs[r]) for r in pending))
     if terminated:
-        _reaper.drain(terminated, started + timeout - 0.25)
+        _drain(terminated, deadline)
 
 
 def _short(handle):
@@ -182,24 +181,50 @@ class _Terminated:
         self.done = False
 
     def locate(self):
-        """Find the actor's process (GCS keeps it after DEAD); False if there is none to watch."""
+        """In a runner: find the actor's process (GCS keeps it after DEAD), then look
+        again when the grace is over (here) or watch the task that kills it (there)."""
         import ray
         import ray._private.state
 
-        info = ray._private.state.actors(self.actor_id) or {}
-        self.pid = info.get("Pid") or 0
-        self.class_name = info.get("ActorClassName") or "actor"
-        ended_ms = info.get("EndTime") or 0
-        # DEAD before our request (ended earlier): its pid may belong to someone else by now.
-        if self.pid <= 0 or info.get("State") not in ("ALIVE", "DEAD") or (
-                info.get("State") == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
-            return False
-        self.node_id = info.get("Address", {}).get("NodeID")
-        self.local = not self.node_id or self.node_id == ray.get_runtime_context().get_node_id()
-        if not self.local:
-            self.kill_task = _remote_kill_on(self.node_id).remote(
-                self.pid, self.requested_at, self.requested_at + config.RAY_GRACE)
-        return True
+        try:
+            info = ray._private.state.actors(self.actor_id) or {}
+            self.pid = info.get("Pid") or 0
+            self.class_name = info.get("ActorClassName") or "actor"
+            ended_ms = info.get("EndTime") or 0
+            # DEAD before our request (ended earlier): its pid may belong to someone else by now.
+            if self.pid <= 0 or info.get("State") not in ("ALIVE", "DEAD") or (
+                    info.get("State") == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
+                return self.finish()
+            self.node_id = info.get("Address", {}).get("NodeID")
+            self.local = not self.node_id or self.node_id == ray.get_runtime_context().get_node_id()
+            if not self.local:
+                self.kill_task = _remote_kill_on(self.node_id).remote(
+                    self.pid, self.requested_at, self.requested_at + config.RAY_GRACE)
+            self.later(self.due if self.local else self.due + 0.5)
+        except Exception:
+            log.debug_exception("reaping actor %s failed", self.actor_id[:8])
+            self.finish()
+
+    def later(self, when):
+        from .. import signals
+
+        signals.alarm(when, lambda: engine.run_soon(self.check))
+
+    def check(self):
+        if self.done:
+            return
+        try:
+            if self.local:
+                self.reap_here()
+            elif not self.task_finished() and time.monotonic() < self.due + 30:
+                return self.later(time.monotonic() + 0.5)
+        except Exception:
+            log.debug_exception("reaping actor %s failed", self.actor_id[:8])
+        self.finish()
+
+    def finish(self):
+        self.done = True
+        registry.forget(self)
 
     def gone_here(self):
         import psutil
@@ -214,10 +239,7 @@ class _Terminated:
 
         ready, _ = ray.wait([self.kill_task], timeout=0)
         if ready:
-            try:
-                self.report(ray.get(ready[0], timeout=0))
-            except Exception:
-                log.debug_exception("reaping actor %s on node %s failed", self.actor_id[:8], self.node_id[:8])
+            self.report(ray.get(ready[0], timeout=0))
         return bool(ready)
 
     def reap_here(self):
@@ -229,85 +251,18 @@ class _Terminated:
                         self.class_name, self.actor_id[:8], self.pid, time.time() - self.requested_at)
 
 
-class _Reaper:
-    """One daemon thread for every terminated actor: looks each one up, then kills
-    it here when its grace is over, or watches the task that does so on its node."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._new = []
-        self._heap = []              # (when, seq, _Terminated): the next look at it
-        self._seq = itertools.count()
-        self._pid = None             # the process the thread runs in (none after fork)
-
-    def add(self, terminated):
-        registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
-        with self._cond:
-            self._new.append(terminated)
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                self._heap.clear()
-                threading.Thread(target=self._run, name="autoteardown-ray-reaper", daemon=True).start()
-            self._cond.notify()
-
-    def _run(self):
-        while True:
-            with self._cond:
-                while not self._new and not (self._heap and self._heap[0][0] <= time.monotonic()):
-                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
-                new, self._new = self._new, []
-                due = []
-                while self._heap and self._heap[0][0] <= time.monotonic():
-                    due.append(heapq.heappop(self._heap)[2])
-            for terminated in new:
-                self._step(terminated, located=False)
-            for terminated in due:
-                self._step(terminated, located=True)
-
-    def _step(self, terminated, located):
-        if terminated.done:
-            return
-        try:
-            if not located:
-                if not terminated.locate():
-                    return self._finish(terminated)
-                # Here: look again when the grace is over. Elsewhere: the task is on its way.
-                return self._later(terminated, terminated.due if terminated.local else terminated.due + 0.5)
-            if terminated.local:
-                terminated.reap_here()
-                return self._finish(terminated)
-            if terminated.task_finished() or time.monotonic() > terminated.due + 30:
-                return self._finish(terminated)
-            self._later(terminated, time.monotonic() + 0.5)
-        except Exception:
-            log.debug_exception("reaping actor %s failed", terminated.actor_id[:8])
-            self._finish(terminated)
-
-    def _later(self, terminated, when):
-        with self._cond:
-            heapq.heappush(self._heap, (when, next(self._seq), terminated))
-            self._cond.notify()
-
-    def _finish(self, terminated):
-        terminated.done = True
-        registry.forget(terminated)
-
-    def drain(self, terminated, until):
-        """At exit: wait for these to be reaped, until `until` (monotonic) at the latest.
-        One on this node that is already gone ends its wait at once."""
-        pending = list(terminated)
-        until = min(until, max(t.due for t in pending) + 1.0)
-        while pending and time.monotonic() < until:
-            time.sleep(0.05)
-            pending = [t for t in pending if not t.done and not (
-                t.local and t.pid and t.gone_here())]
-        for t in pending:  # the thread may not get to them before the process ends
-            if t.local and t.pid and not t.done and time.monotonic() >= t.due:
-                t.done = True
-                t.reap_here()
-
-
-_reaper = _Reaper()
+def _drain(terminated, until):
+    """At exit: wait for these to be reaped, until `until` (monotonic) at the latest. One
+    on this node that is gone already ends its wait at once (not our child: polled)."""
+    pending = [t for t in terminated if not t.done]
+    until = min(until, max((t.due for t in pending), default=0.0) + 1.0)
+    while pending and time.monotonic() < until:
+        time.sleep(0.05)
+        pending = [t for t in pending if not t.done and not (t.local and t.pid and t.gone_here())]
+    for t in pending:  # the timer may not get to them before the process ends
+        if t.local and t.pid and not t.done and time.monotonic() >= t.due:
+            t.done = True
+            t.reap_here()
 
 
 def _make_kill_if_same_process():
