@@ -1,15 +1,23 @@
 """autoteardown: make unmodified ML training scripts end cleanly.
 
 `import autoteardown` is all it takes. Nothing heavy happens here: post-import
-hooks patch torch's DataLoader, wandb and Ray when (if ever) they are imported,
-and the exit engine finalizes what they recorded before the libraries' own
-exit hooks run.
+hooks patch torch's DataLoader, wandb, Ray and the others when (if ever) they are
+imported, and the exit engine finalizes what they recorded before the libraries'
+own exit hooks run.
 
-Where things are:
-  integrations/<name>.py  where a library is patched and its resources recorded
-  registry.py             the weak registry of live resources
-  engine.py               the exit engine: order, deadline, SIGTERM, fork safety
-  config.py               the AUTOTEARDOWN_* environment variables
+The runtime, one idea a module:
+  importhook.py              post-import hooks: an integration is imported only with its library
+  integrations/__init__.py   the integration table (triggers, supported versions) and Patches
+  integrations/<name>.py     where a library is patched and its resources recorded: torch,
+                             distributed, tensorboard, wandb, mlflow, swanlab, trackio, ray
+                             (ray_driver, ray_worker, ray_cluster: its three sides)
+  registry.py                the weak registry of live resources; the first record arms the engine
+  engine.py                  the exit engine: when, in what order, within what deadline
+  signals.py                 SIGTERM, the one helper thread and its timers, ending a process early
+  report.py                  the teardown report (AUTOTEARDOWN_DEBUG, AUTOTEARDOWN_REPORT)
+  config.py, log.py          the AUTOTEARDOWN_* variables; stdlib logging, made on first use
+  bootstrap/                 the sitecustomize that activates it without touching a script
+The command-line tools live in cli/ (the command, doctor, demo, the wandb run-file reader).
 """
 
 import sys

@@ -10,10 +10,9 @@ import signal
 import sys
 import time
 
-import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, noise, tracebacks, wait_for_line, wait_gone, wait_session_gone
+from helpers import LOAD_MARGIN, tracebacks, wait_for_line, wait_gone, wait_session_gone
 
 pytestmark = pytest.mark.needs_torch
 TIMEOUT = 20.0  # AUTOTEARDOWN_TIMEOUT here: half of it (10 s) is what the old fallbacks took
