@@ -187,11 +187,15 @@ taken = sys.argv[1] == "taken"
 if taken:  # a debugger and a profiler hold the ids we would take
     sys.monitoring.use_tool_id(3, "profiler"); sys.monitoring.use_tool_id(4, "debugger")
 import autoteardown, wandb
+class Resource: pass
+resource = Resource()
 ours = lambda: [i for i in range(6) if sys.monitoring.get_tool(i) == "autoteardown"]
+autoteardown.registry.record("probe", resource)  # armed at the first record
 first = ours()
 autoteardown.uninstall()
 after = ours()
 autoteardown.install()
+autoteardown.registry.record("probe", resource)
 print(first, after, ours(), hasattr(sys.exit, "__wrapped__"))
 """
 
