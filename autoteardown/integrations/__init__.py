@@ -113,22 +113,6 @@ class Patches:
                     _log_patched(module, name)
         return sum(orig is original for _, _, orig, _ in self._patched)
 
-    def record_instances(self, owner, kind):
-        """Wrap owner.__init__ so that each instance made (subclasses' too) is recorded
-        as `kind` once made: the original first, the record after, never raising."""
-        def wrapper(wrapped, instance, args, kwargs):
-            wrapped(*args, **kwargs)
-            try:
-                from .. import registry
-
-                registry.record(kind, instance)
-            except Exception:
-                from .. import log
-
-                log.debug_exception("could not record %r", instance)
-
-        return self.wrap(owner, "__init__", wrapper)
-
     def restore(self):
         from .. import log
 

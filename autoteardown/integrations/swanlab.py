@@ -21,7 +21,7 @@ a fork child's registry starts empty, and swanlab's `alive` is False there (pid)
 import threading
 import traceback
 
-from .. import engine, registry
+from .. import engine, log, registry
 from . import Patches, supported
 from . import get_version as _version
 
@@ -39,7 +39,7 @@ def patch():
         return
     from swanlab.sdk.internal.run import Run, get_run
 
-    _patches.record_instances(Run, KIND)
+    _patches.wrap(Run, "__init__", _record_run)
     engine.register_kind(KIND, ORDER, finish_run)
     try:  # a run started before we were imported
         registry.record(KIND, get_run())
@@ -50,6 +50,13 @@ def patch():
 def unpatch():
     _patches.restore()
 
+
+def _record_run(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    try:
+        registry.record(KIND, instance)
+    except Exception:
+        log.debug_exception("could not record swanlab run %r", instance)
 
 
 def _state():

@@ -15,7 +15,7 @@ sync TensorBoard files (`wandb.init(sync_tensorboard=True)`) when it finishes.
 
 import sys
 
-from .. import engine
+from .. import engine, log, registry
 from . import Patches, get_version as _version, supported
 
 NAME = KIND = "tensorboard"
@@ -35,12 +35,19 @@ def patch():
     for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
         if cls is not None:
-            _patches.record_instances(cls, KIND)
+            _patches.wrap(cls, "__init__", _record_writer)
 
 
 def unpatch():
     _patches.restore()
 
+
+def _record_writer(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    try:
+        registry.record(KIND, instance)
+    except Exception:
+        log.debug_exception("could not record %r", instance)
 
 
 def close_writer(writer, timeout):

@@ -18,7 +18,7 @@ callback, which would "finish" the parent's run there (that line, nothing writte
 import atexit
 import sys
 
-from .. import engine, registry
+from .. import engine, log, registry
 from . import Patches, supported
 from . import get_version as _version
 
@@ -37,7 +37,7 @@ def patch():
     from trackio import context_vars
     from trackio.run import Run
 
-    _patches.record_instances(Run, KIND)
+    _patches.wrap(Run, "__init__", _record_run)
     engine.register_kind(KIND, ORDER, finish_run, after_all=drop_exit_hook, in_child=drop_exit_hook)
     run = context_vars.current_run.get()  # a run started before we were imported
     if run is not None:
@@ -47,6 +47,13 @@ def patch():
 def unpatch():
     _patches.restore()
 
+
+def _record_run(wrapped, instance, args, kwargs):
+    wrapped(*args, **kwargs)
+    try:
+        registry.record(KIND, instance)
+    except Exception:
+        log.debug_exception("could not record trackio run %r", instance)
 
 
 def finish_run(run, timeout):
