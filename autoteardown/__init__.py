@@ -33,6 +33,7 @@ def install():
     already is). Idempotent: a second import, a reload or a second call patches once."""
     if config.DISABLE:
         return
+    registry.on_record = engine.arm  # armed at the first resource recorded
     for name, modules in integrations.TRIGGERS.items():
         if name in config.DISABLED_INTEGRATIONS:
             continue

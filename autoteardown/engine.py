@@ -544,7 +544,7 @@ def disarm():
     """Undo arm() as far as possible (the threading exit hooks stay, and do nothing)."""
     global _armed_pid, _signals_ready, _monitoring_tool
     _armed_pid, _signals_ready = None, False
-    registry.on_record = arm
+    registry.on_record = None  # install() sets it again
     _patches.restore()
     if _monitoring_tool is not None:
         monitoring = sys.monitoring
@@ -568,7 +568,8 @@ def _after_fork_in_child():
     _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status = None, False, False, False, None, None
     _idle.clear()
     _stepping.clear()
-    registry.on_record = arm
+    if _armed_pid is not None or registry.on_record is not None:  # installed: arm at the child's first record
+        registry.on_record = arm
     if "autoteardown.signals" in sys.modules:
         sys.modules["autoteardown.signals"].reset_in_child()
     in_child = {kind: cb for _, kind, _, _, cb, _ in _kinds if cb is not None}
@@ -582,4 +583,3 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-registry.on_record = arm  # armed at the first resource recorded
