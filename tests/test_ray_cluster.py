@@ -181,7 +181,9 @@ def test_a_hung_actor_on_the_other_node_is_gone_within_grace_plus_1s(two_nodes, 
     kill_pids([int(p) for p in reported(result, "PIDS") + reported(result, "BYSTANDER")])
     assert result.returncode == 0, result
     assert reported(result, "ALIVE") == [], result
-    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1 + LOAD_MARGIN / 2, result  # the tight figure: tests/benchmark_ray.py
+    # The whole margin here: the kill task needs a worker process on the other node, and its
+    # start is what a loaded machine slows most (8.56 s seen with two busy loops beside CI).
+    assert float(reported(result, "GONE_AFTER")[0]) <= GRACE + 1 + LOAD_MARGIN, result  # the tight figure: tests/benchmark_ray.py
     assert reported(result, "BYSTANDER_ALIVE") == ["True"], result
 
 
