@@ -130,11 +130,6 @@ def _raise(signum):
     raise Stop(128 + signum)
 
 
-def raised():
-    """Whether the main thread has been unwound (the helper asks)."""
-    return _raised
-
-
 def critical(wrapped, instance, args, kwargs):
     """A wrapt wrapper: the main thread is not unwound inside `wrapped`; a SIGTERM that
     comes meanwhile unwinds it as soon as `wrapped` returns or raises."""
@@ -166,18 +161,14 @@ def on_unraisable(wrapped, instance, args, kwargs):
 
 # ---- ending a process ----------------------------------------------------------
 
-def flush_output():
+def end_process(signum=None, code=0):
+    """End this process now: end the multiprocessing children it started, then die of
+    `signum` as its default action would, or exit with `code`."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-
-
-def end_process(signum=None, code=0):
-    """End this process now: end the multiprocessing children it started, then die of
-    `signum` as its default action would, or exit with `code`."""
-    flush_output()
     _end_children()
     if signum is not None:
         try:
