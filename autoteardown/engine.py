@@ -380,12 +380,13 @@ def _exit_teardown():
 
 # ---- signals (called by signals.py) -----------------------------------------------
 
-def on_signal(signum):
-    """In our SIGTERM handler: no lock, no logging. Records the first signal; the
-    DataLoader workers die with a process group (torchrun, SLURM): stop watching them
-    first, or torch's SIGCHLD handler raises "killed by signal" wherever we are."""
+def on_signal(signum, ours=True):
+    """In a SIGTERM handler: no lock, no logging. Records the first signal (unless
+    another handler decides how the process ends: Ray's); the DataLoader workers die
+    with a process group (torchrun, SLURM): stop watching them first, or torch's
+    SIGCHLD handler raises "killed by signal" wherever we are."""
     global _signal
-    if _signal is None:
+    if _signal is None and ours:
         _signal = (signum, time.monotonic())
     for _, kind, _, _, _, on_sigterm in list(_kinds):
         for obj in registry.live(kind) if on_sigterm else ():

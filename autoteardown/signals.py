@@ -35,6 +35,7 @@ Imported by engine.arm(), never at `import autoteardown`: `signal` costs more th
 the rest of it.
 """
 
+import collections
 import os
 import select
 import signal
@@ -53,6 +54,7 @@ _pipe = None          # (read_fd, write_fd) waking the helper; also the wakeup f
 _own_wakeup = False
 _helper = None        # the helper thread
 _alarms = []          # [when (monotonic), action]; the signal handler never touches it
+_soon = collections.deque()  # actions a signal handler handed to the helper (soon())
 _lock = threading.Lock()
 _main = threading.main_thread().ident
 _hold = 0             # critical sections the main thread is in
@@ -106,6 +108,7 @@ def reset_in_child():
     _installed, _lock, _main = None, threading.Lock(), threading.get_ident()
     _hold, _pending, _raised, _resend = 0, False, False, False
     _alarms.clear()
+    _soon.clear()
     _stop_helper(join=False)
 
 
@@ -218,6 +221,16 @@ def alarm(when, action):
     return token
 
 
+def soon(action):
+    """From a signal handler (no lock, no blocking): call action() in the helper thread
+    at once. False where this process has no helper."""
+    if _pipe is None or _pid != os.getpid():
+        return False
+    _soon.append(action)
+    _wake()
+    return True
+
+
 def cancel(token):
     with _lock:
         if token in _alarms:
@@ -287,6 +300,7 @@ def _serve(read_fd):
             for a in due:
                 _alarms.remove(a)
             waits = [a[0] - now for a in _alarms]
+        due += [(None, _soon.popleft()) for _ in range(len(_soon))]
         for _, action in due:
             try:
                 action()
@@ -312,14 +326,19 @@ def _resend_signal():
     """Send the swallowed SIGTERM again once the main thread has left the unraisable hook
     (there, the handler would raise into the hook). False: not yet."""
     global _resend, _raised
-    frame = sys._current_frames().get(_main)
-    while frame is not None:
-        if frame.f_code is on_unraisable.__code__:
-            return False
-        frame = frame.f_back
+    if main_thread_in(on_unraisable.__code__):
+        return False
     _resend = _raised = False
     os.kill(os.getpid(), signal.SIGTERM)
     return True
+
+
+def main_thread_in(code):
+    """Is the main thread running this code object now (somewhere in its stack)?"""
+    frame = sys._current_frames().get(_main)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
 
 
 def _watch(now):

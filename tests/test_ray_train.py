@@ -88,3 +88,28 @@ def test_driver_sigterm_records_143_for_a_running_train_function(jobs):
 def test_train_v2_without_the_shim_loses_the_run(jobs):
     result, found, pids = train(jobs, "return", shim=False)
     assert rank0_run(jobs, result) != (STEPS, [0]), result
+
+
+@needs_v2
+def test_another_ranks_failure_keeps_rank_0_and_blames_only_rank_1(jobs):
+    # The group's shutdown reaches rank 0 while its training function runs: torn down
+    # under it, it raised StopIteration and Ray Train logged rank 0 as failed.
+    result, found, pids = train(jobs, "other-rank-raises")
+    assert "FIT: failed" in result.stdout, result
+    steps, codes = rank0_run(jobs, result)
+    assert steps == list(range(len(steps))) and steps, result
+    assert codes == [143], result
+    output = result.stdout + result.stderr
+    assert output.count("Error in training function") == 1 and "rank 1 failed" in output, result
+    assert "StopIteration" not in output and "TrainingStopped" not in output, result
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+@needs_v2
+@pytest.mark.baseline
+def test_another_ranks_failure_without_the_shim_loses_rank_0(jobs):
+    result, found, pids = train(jobs, "other-rank-raises", shim=False)
+    runs = jobs.runs()
+    print(f"without the shim: rank 0 kept {len(runs[0][1]) if runs else 0} steps, exit records "
+          f"{runs[0][2] if runs else []}")
+    assert not runs or runs[0][2] == [], result

@@ -1,18 +1,19 @@
-"""Ray actors: an actor told to end really ends, and what it held is finalized first.
+"""Ray actors: an actor that is ended really ends, and what it held is finalized first.
 
 Three ideas, one module each:
-- ray_driver.py: any process that holds actor handles (the driver, an actor that
-  creates actors, Ray Train's controller) reaps actors that hang after
-  `__ray_terminate__`, and asks its live actors to finalize in-band at exit.
-- ray_worker.py: inside an actor, finalize in-band before Ray kills the
-  actor's children (exit_actor, the worker's SIGTERM path, Ray Train v2's
-  worker shutdown), then make sure the process cannot outlive the grace period.
+- ray_driver.py: a process that holds actor handles (the driver, an actor that
+  creates actors, Ray Train's controller) ends its live actors with SIGTERM at
+  its exit and kills any actor that outlives the grace.
+- ray_worker.py: inside an actor, Ray's SIGTERM handler only asks; the teardown
+  runs as the method unwinds (or on a runner when idle), before Ray kills the
+  actor's children; exit_actor and Ray Train v2's worker shutdown finalize first.
 - ray_cluster.py: the runtime_env hook that brings the shim (and wrapt) to
   every worker of a cluster.
 
 Tested on ray 2.40.0 and 2.60.0 (the private names used: ActorHandle._actor_method_call,
-ActorClass._remote, ray._private.state.actors, ray._private.worker's
-raise_sys_exit_with_custom_error_message, Ray Train v2's RayTrainWorker.shutdown).
+ActorClass._remote, Node.kill_all_processes, ray._private.state.actors,
+ray._private.utils.set_sigterm_handler, FunctionActorManager._make_actor_method_executor,
+Ray Train v2's RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback).
 """
 
 from . import Patches, get_version as _version, supported

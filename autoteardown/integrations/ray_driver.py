@@ -1,38 +1,38 @@
 """The side that holds actor handles (a driver, an actor that creates actors,
-Ray Train's controller): terminated actors really end; live actors finalize
-in-band before Ray force-kills them.
+Ray Train's controller): actors it ends really end, and live ones tear down first.
 
-Facts (ray 2.40 and 2.60):
-- Every actor method call, `__ray_terminate__` included (with or without
-  `.options()`), goes through `ActorHandle._actor_method_call(method_name, ...)`.
-- After `__ray_terminate__` GCS marks the actor DEAD at once, but keeps its
-  pid and node. If its interpreter teardown then hangs, the process lives on
-  with its memory and `ray.kill` is a silent no-op. So the process that sent
-  the request kills the pid after AUTOTEARDOWN_RAY_GRACE_S: the GCS lookup runs
-  in a runner (never in the caller's thread), and the helper thread's timer
-  (signals.alarm) brings the kill when the grace is over. For an actor on another
-  node a zero-CPU task pinned there is sent at once, waits out the grace on that
-  node and kills (sent only when due, it needs a fresh worker process there first:
-  2.3 s measured).
+- Every actor method call, `__ray_terminate__` included, goes through
+  `ActorHandle._actor_method_call(method_name, ...)`. After `__ray_terminate__`
+  GCS marks the actor DEAD at once but keeps its pid and node; if its teardown
+  hangs, the process lives on with its memory and `ray.kill` is a no-op.
 - When the creating process exits, its actors are force-killed with no Python
-  hook; so at its exit (or `ray.shutdown()`) each live, non-detached actor it
-  created is sent `__ray_call__(finalize_in_actor)`, all at once, and one wait
-  covers them all.
+  hook, and a call queued behind a running method never runs. So at its exit,
+  at `ray.shutdown()`, and before Ray kills its own processes (the head node's
+  SIGTERM handler does that first), each live, non-detached actor it created is
+  sent SIGTERM (the actor's side, ray_worker.py, turns it into its teardown).
+- Either way the process that ended the actor kills its pid
+  AUTOTEARDOWN_RAY_GRACE_S later if it is still the same Ray worker. The GCS
+  lookups run on a runner and the timer is the helper thread's (signals.alarm).
+  For an actor on another node a zero-CPU task pinned there does it (it needs a
+  fresh worker process there first: 2.3 s measured).
 """
 
-import sys
+import signal
 import time
 
 from .. import config, engine, log, registry
+from . import ray_worker
 
 KIND = "ray"
 ORDER = 20
-_collected = []       # what the engine handed us at exit: handles and _Terminated
+_collected = []       # what the engine handed us at exit: handles and _Ending
 _detached_job = {}    # job id -> whether the job's actors are detached by default
+_known = {}           # actor id -> its GCS record once ALIVE (pid, node)
 
 
 def patch(patches):
     import ray
+    import ray._private.node
     import ray.actor
 
     engine.register_kind(KIND, ORDER, collect, after_all=finalize_collected)
@@ -40,6 +40,7 @@ def patch(patches):
     patches.wrap(ray.actor.ActorClass, "_remote", _on_actor_created)
     patches.wrap(ray, "shutdown", _on_shutdown)
     patches.wrap(ray, "kill", _on_kill)
+    patches.wrap(ray._private.node.Node, "kill_all_processes", _on_shutdown)
 
 
 def _on_actor_created(wrapped, instance, args, kwargs):
@@ -47,9 +48,30 @@ def _on_actor_created(wrapped, instance, args, kwargs):
     try:
         if not _detached(kwargs.get("lifetime")):  # a detached actor outlives us on purpose
             registry.record(KIND, handle)
+            _learn(handle._ray_actor_id.hex(), 0.5)
     except Exception:
         log.debug_exception("could not record an actor handle")
     return handle
+
+
+def _learn(actor_id, delay):
+    """Look up a new actor's process once it runs, while GCS answers: a stopped job's
+    GCS is going away as we end its actors."""
+    from .. import signals
+
+    def lookup():
+        import ray._private.state
+
+        try:
+            info = ray._private.state.actors(actor_id) or {}
+        except Exception:
+            return
+        if info.get("State") == "ALIVE" and info.get("Pid"):
+            _known[actor_id] = info
+        elif info.get("State") not in ("DEAD", None) and delay < 30:
+            _learn(actor_id, delay * 2)
+
+    signals.alarm(time.monotonic() + delay, lambda: engine.run_soon(lookup))
 
 
 def _detached(lifetime):
@@ -80,7 +102,7 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         registry.forget(instance)  # it will not be asked to finalize: it is ending
-        terminated = _Terminated(instance._ray_actor_id.hex(), requested_at)
+        terminated = _Ending(instance._ray_actor_id.hex(), requested_at)
         registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
         engine.run_soon(terminated.locate)
     except Exception:
@@ -109,100 +131,63 @@ def collect(obj, timeout):
 
 
 def finalize_collected(timeout):
-    """Ask every live actor to finalize in-band and wait for the terminated ones'
-    grace, all in parallel, within `timeout`."""
-    import ray
-
+    """End every collected actor: SIGTERM the live ones (their own teardown follows), then
+    wait for all of them, terminated ones too, to be gone or killed, within `timeout`."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
-    handles = [o for o in objs if not isinstance(o, _Terminated)]
-    terminated = [o for o in objs if isinstance(o, _Terminated)]
-    refs = {}
-    if handles and ray.is_initialized():
-        in_actor = max(0.1, timeout - 1.0)  # the actor's deadline, a second inside ours: its reply comes in time
-        for handle in handles:
-            try:
-                refs[handle.__ray_call__.remote(_finalize_in_actor, in_actor)] = handle
-            except Exception:
-                log.debug_exception("could not ask actor %s to finalize", _short(handle))
-    if refs:
-        wait = max(0.0, deadline - time.monotonic())
-        ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=wait)
-        for ref in ready:
-            try:
-                log.debug("actor %s finalized in-band: %s", _short(refs[ref]), ray.get(ref, timeout=0))
-            except ray.exceptions.RayError as exc:  # dead already, or could not run it
-                log.debug("actor %s not finalized: %s", _short(refs[ref]), type(exc).__name__)
-        if pending:
-            log.warning("%d actor(s) did not finalize within %.1fs: %s", len(pending), wait,
-                        ", ".join(_short(refs[r]) for r in pending))
-    if terminated:
-        _drain(terminated, deadline)
-
-
-def _short(handle):
+    now = time.time()
+    ending = [o if isinstance(o, _Ending) else _Ending(o._ray_actor_id.hex(), now, signal.SIGTERM) for o in objs]
     try:
-        return handle._ray_actor_id.hex()[:8]
-    except Exception:
-        return repr(handle)
+        for actor in ending:
+            actor.locate()
+        _drain(ending, deadline)
+    finally:
+        ray_worker.restore_ray_abort()
 
 
-def _make_finalize_in_actor():
-    # Defined inside a function so that cloudpickle sends it by value: the actor
-    # needs no autoteardown to run it, and does nothing if the shim is not there.
-    def finalize_in_actor(actor, timeout):
-        worker_side = sys.modules.get("autoteardown.integrations.ray_worker")
-        if worker_side is not None and hasattr(worker_side, "finalize_requested"):
-            worker_side.finalize_requested(timeout)  # a Ray Train worker hands on its code
-            return True
-        shim = sys.modules.get("autoteardown")
-        if shim is None:
-            return False
-        shim.finalize(timeout)
-        return True
+# ---- ending actors --------------------------------------------------
 
-    return finalize_in_actor
+class _Ending:
+    """An actor told to end (or sent `signum` now), watched until its process is gone."""
 
-
-_finalize_in_actor = _make_finalize_in_actor()
-
-
-# ---- reaping terminated actors --------------------------------------------------
-
-class _Terminated:
-    """An actor told to end, watched until its process is really gone."""
-
-    def __init__(self, actor_id, requested_at):
+    def __init__(self, actor_id, requested_at, signum=None):
         self.actor_id = actor_id
         self.requested_at = requested_at                      # wall clock: compared on the actor's node
+        self.signum = signum
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.node_id = self.kill_task = self.class_name = None
         self.local = True
         self.done = False
 
     def locate(self):
-        """In a runner: find the actor's process (GCS keeps it after DEAD), then look
-        again when the grace is over (here) or watch the task that kills it (there)."""
+        """In a runner: find the actor's process (GCS keeps it after DEAD), send it the
+        signal, then look again when the grace is over (here) or watch the task that
+        does both (there)."""
         import ray
         import ray._private.state
 
+        if self.pid is not None:
+            return
+        self.pid = 0
         try:
-            info = ray._private.state.actors(self.actor_id) or {}
+            info = (self.signum and _known.pop(self.actor_id, None)) or ray._private.state.actors(self.actor_id) or {}
             self.pid = info.get("Pid") or 0
             self.class_name = info.get("ActorClassName") or "actor"
             ended_ms = info.get("EndTime") or 0
             # DEAD before our request (ended earlier): its pid may belong to someone else by now.
-            if self.pid <= 0 or info.get("State") not in ("ALIVE", "DEAD") or (
+            if self.pid <= 0 or info.get("State") not in ("ALIVE", "DEAD") or (self.signum and info.get("State") != "ALIVE") or (
                     info.get("State") == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
                 return self.finish()
             self.node_id = info.get("Address", {}).get("NodeID")
             self.local = not self.node_id or self.node_id == ray.get_runtime_context().get_node_id()
             if not self.local:
                 self.kill_task = _remote_kill_on(self.node_id).remote(
-                    self.pid, self.requested_at, self.requested_at + config.RAY_GRACE)
+                    self.pid, self.requested_at, self.requested_at + config.RAY_GRACE, self.signum)
+            elif self.signum:
+                _kill_if_same_process(self.pid, self.requested_at, self.signum)
             self.later(self.due if self.local else self.due + 0.5)
         except Exception:
-            log.debug_exception("reaping actor %s failed", self.actor_id[:8])
+            log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()
 
     def later(self, when):
@@ -267,10 +252,9 @@ def _drain(terminated, until):
 
 def _make_kill_if_same_process():
     # By value (see above): these also run in a zero-CPU task on the actor's node.
-    def kill_if_same_process(pid, not_after):
-        """SIGKILL `pid` if it is still the Ray worker that existed at `not_after`."""
+    def kill_if_same_process(pid, not_after, signum=9):
+        """Send `signum` (SIGKILL) to `pid` if it is still the Ray worker that existed at `not_after`."""
         import os
-        import signal
 
         import psutil
 
@@ -284,17 +268,20 @@ def _make_kill_if_same_process():
                 return False
             if process.status() == psutil.STATUS_ZOMBIE:
                 return False
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
             return True
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             return False
 
-    def kill_when_due(pid, not_after, due):
-        """Wait until `due` (wall clock) unless `pid` ends first, then kill it if it is still there."""
+    def kill_when_due(pid, not_after, due, signum=None):
+        """Send `signum` now if given; wait until `due` (wall clock) unless `pid` ends
+        first, then kill it if it is still there."""
         import time
 
         import psutil
 
+        if signum:
+            kill_if_same_process(pid, not_after, signum)
         while time.time() < due:
             try:
                 if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:

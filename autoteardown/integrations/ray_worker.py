@@ -1,53 +1,73 @@
-"""Inside a Ray actor: finalize in-band, before Ray kills the actor's children.
+"""Inside a Ray actor: finalize while the actor's children still live.
 
 When an actor exits, Ray SIGKILLs its children (wandb-core, DataLoader workers)
-before the actor's atexit runs; `ray.kill` quick-exits the process with no
-Python hook at all. So the actor's resources are finalized while it is still
-healthy, at the points where Ray tells it to end:
-- `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time;
-- the worker's SIGTERM handler, which calls the module global
-  `ray._private.worker.raise_sys_exit_with_custom_error_message` (2.40 to 2.60);
-- Ray Train v2's `RayTrainWorker.shutdown()`: its worker group ends with
-  `actor.shutdown.remote()`, `ray.wait(..., timeout=5)`, then always
-  `ray.kill` (train/v2/_internal/execution/worker_group/state.py, ray 2.60);
-- `__ray_call__(finalize_in_actor)` from the process that created the actor,
-  when it exits or calls `ray.shutdown()` (see ray_driver.py).
+before the actor's atexit runs, and `ray.kill` ends the process with no Python
+hook at all. So the actor finalizes at the points where Ray tells it to end:
 
-One budget: after `__ray_terminate__` the creator's reaper kills the process
-AUTOTEARDOWN_RAY_GRACE_S after the request, so the in-band finalize gets the
-grace minus a second (and at most AUTOTEARDOWN_TIMEOUT), and a watchdog armed
-*before* it ends the process just inside the grace: a finalizer or a `__del__`
-in gc.collect() or interpreter teardown that hangs cannot outlive it.
+- SIGTERM (what the driver's side sends a live actor at its exit, and what a
+  stopped job sends every process). Ray's handler raises SystemExit in the main
+  thread; ours, chained before it, only asks. If an actor method is running in
+  the main thread, Ray's SystemExit unwinds it and the teardown runs as it
+  leaves the method, before Ray's exit. An idle actor has nothing to unwind: the
+  teardown runs on a runner, then the signal is sent again for Ray's own exit.
+- `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time.
+- Ray Train v2's `RayTrainWorker.shutdown()`: the worker group ends with
+  `actor.shutdown.remote()`, a wait (`patience_s`), then always `ray.kill`.
+  A training function still running then is stopped first (see
+  `_stop_training_thread`), so that rank is not reported as failed.
 
-Nothing here needs wrapt: RayTrainWorker.shutdown is replaced by a plain
-function that keeps the original's __module__ and __qualname__. Ray pickles the
-actor class in the creating process (Ray Train's controller) and its methods
-by reference, so each worker resolves `RayTrainWorker.shutdown` in its own
-module: ours where the worker has the shim, Ray's own where it does not. (A
-wrapt proxy in the creating process does not survive Ray's tracing injection,
-which copies the methods onto the actor class it ships.)
+Every SIGTERM handler Ray sets (worker, driver, head node) goes through
+`ray._private.utils.set_sigterm_handler`; ours defers the abort that Ray's
+failure-signal handler (abseil) arms 3 s after any SIGTERM by AUTOTEARDOWN_TIMEOUT,
+so that our teardown and Ray's own shutdown can finish; it still ends a process
+that hangs, and Ray's own handler gets its 3 s back when it runs.
+
+One budget: the creator kills an actor AUTOTEARDOWN_RAY_GRACE_S after it asked
+it to end, so the actor's teardown gets the grace minus a second (at most
+AUTOTEARDOWN_TIMEOUT), and a watchdog ends the process just inside the grace.
+
+RayTrainWorker.shutdown is replaced by a plain function that keeps the
+original's __module__ and __qualname__: Ray pickles the actor class's methods
+by reference in the creating process, so each worker resolves it in its own
+module (a wrapt proxy does not survive Ray's tracing injection).
 """
 
 import functools
 import os
+import signal
 import sys
+import threading
 
-from .. import config, engine, log
+from .. import config, engine, log, registry, signals
 
 TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
-_train_original = None   # RayTrainWorker.shutdown before we replaced it
+TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
+RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
+_train_original = None   # RayTrainWorker.shutdown before we replaced it
+_patches = None
+_main = threading.main_thread().ident
+_in_method = 0    # actor methods running in the main thread
+_asked = False    # a SIGTERM asked this actor to end
+_done = False     # its teardown has run: Ray's handler goes on as without us
+_deferred = False # Ray's abort after a SIGTERM waits for our teardown
 
 
 def patch(patches):
-    import ray._private.worker
+    import ray._private.function_manager
+    import ray._private.utils
     import ray.actor
 
+    global _patches
+    _patches = patches
     patches.wrap(ray.actor, "exit_actor", _on_actor_exit)
-    patches.wrap(ray._private.worker, "raise_sys_exit_with_custom_error_message", _on_worker_sigterm)
+    patches.wrap(ray._private.utils, "set_sigterm_handler", _chain_sigterm_handler)
+    patches.wrap(ray._private.function_manager.FunctionActorManager, "_make_actor_method_executor",
+                 _on_make_executor)
     from .. import importhook
 
     importhook.register(TRAIN_V2_WORKER, "autoteardown.integrations.ray_worker:patch_train_worker")
+    importhook.register(TRAIN_V2_RUNNER, "autoteardown.integrations.ray_worker:patch_train_runner")
 
 
 def unpatch():
@@ -67,6 +87,93 @@ def _in_actor():
     return worker.mode == ray.WORKER_MODE and not worker.actor_id.is_nil()
 
 
+# ---- SIGTERM: the handler asks, the exit path tears down ------------------------
+
+def _chain_sigterm_handler(wrapped, instance, args, kwargs):
+    handler = args[0] if args else kwargs["sigterm_handler"]
+    return wrapped(functools.partial(_ask, handler))
+
+
+def _ask(handler, signum, frame):
+    """Ours, before Ray's handler: it only asks (see the module docstring)."""
+    global _asked
+    if _asked or _done or not registry.live():
+        return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
+    _defer_ray_abort()
+    if not _in_actor():
+        return handler(signum, frame)  # a driver: Ray's own handler ends actors first (ray_driver)
+    _asked = True
+    engine.on_signal(signum, ours=False)  # Ray's handler ends the process, not the engine
+    if _in_method:
+        return handler(signum, frame)  # Ray's SystemExit unwinds the method: run_method tears down
+    if not signals.soon(lambda: engine.run_soon(_teardown_then_resend)):
+        return handler(signum, frame)
+
+
+def _defer_ray_abort():
+    """Ray's failure-signal handler aborts the process 3 s after a SIGTERM (an alarm
+    whose SIGALRM handler is not Python's). In a process with something to tear down,
+    the abort waits for our teardown (AUTOTEARDOWN_TIMEOUT at most), and Ray's own
+    shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is
+    the user's: left alone."""
+    global _deferred
+    if signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
+        _deferred = True
+        signal.alarm(int(config.TIMEOUT) + RAY_ABORT_S)
+
+
+def restore_ray_abort():
+    global _deferred
+    if _deferred:
+        _deferred = False
+        signal.alarm(RAY_ABORT_S)
+
+
+def _teardown_then_resend():
+    import time
+
+    until = time.monotonic() + 1.0
+    while signals.main_thread_in(_ask.__code__) and time.monotonic() < until:
+        time.sleep(0.005)  # the handler that asked has returned: no teardown inside it
+    try:
+        _teardown(interrupted=False)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # now Ray's handler ends the actor its own way
+
+
+def _teardown(interrupted):
+    """The exit code: a Ray Train worker's function's; else 143 if the SIGTERM cut a
+    method short, and the process's own (0) for an actor ended between two methods."""
+    global _done
+    if not _done:
+        _done = True
+        code = train_exit_code()
+        try:
+            finalize_in_band(config.RAY_GRACE, SIGTERM_CODE if code is None and interrupted else code)
+        finally:
+            restore_ray_abort()
+
+
+def _on_make_executor(wrapped, instance, args, kwargs):
+    executor = wrapped(*args, **kwargs)
+
+    def run_method(*method_args, **method_kwargs):
+        global _in_method
+        main = threading.get_ident() == _main
+        _in_method += main
+        try:
+            return executor(*method_args, **method_kwargs)
+        except BaseException:
+            if main and _asked:
+                _teardown(interrupted=True)  # unwound by Ray's SystemExit: the method is over, its children live
+            raise
+        finally:
+            _in_method -= main
+
+    run_method.name, run_method.method = executor.name, executor.method  # Ray reads them
+    return run_method
+
+
 def _on_actor_exit(wrapped, instance, args, kwargs):
     try:
         if _in_actor():
@@ -76,27 +183,17 @@ def _on_actor_exit(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _on_worker_sigterm(wrapped, instance, args, kwargs):
-    try:
-        finalize_in_band(config.RAY_GRACE, train_exit_code())
-    except Exception:
-        log.debug_exception("in-band finalize at SIGTERM failed")
-    return wrapped(*args, **kwargs)
-
-
 def _budget(patience):
     """The in-band teardown's share of what Ray waits before it kills the worker."""
     return min(config.TIMEOUT, max(0.5, patience - 1.0))
 
 
 def finalize_in_band(grace, exit_code=None):
-    """Finalize while the worker and its children are still healthy, within
-    the grace the reaper allows, and make sure the process ends inside it."""
+    """Finalize while the worker and its children are still healthy, within the
+    grace the creator allows, and make sure the process ends inside it."""
     import faulthandler
     import gc
     import time
-
-    from .. import signals
 
     def overdue():  # a hung finalizer or __del__ (in gc.collect() or interpreter teardown)
         faulthandler.dump_traceback(all_threads=True)  # its stack in the worker's log
@@ -107,14 +204,11 @@ def finalize_in_band(grace, exit_code=None):
     gc.collect()
 
 
-def finalize_requested(timeout, exit_code=None):
-    """What the creator's `__ray_call__` runs in the actor (at its exit or
-    ray.shutdown()): a Ray Train worker hands on its training function's outcome."""
-    code = train_exit_code()
-    engine.finalize(timeout, exit_code=code if code is not None else exit_code)
-
-
 # ---- Ray Train v2 -------------------------------------------------------------
+
+class TrainingStopped(SystemExit):
+    """Raised into a Ray Train training thread that runs on while its worker shuts down."""
+
 
 def patch_train_worker():
     global _train_original
@@ -138,16 +232,57 @@ def patch_train_worker():
     log.debug("patched RayTrainWorker.shutdown")
 
 
+def patch_train_runner():
+    _patches.wrap(sys.modules[TRAIN_V2_RUNNER], "construct_user_exception_with_traceback", _unless_stopped)
+
+
+def _unless_stopped(wrapped, instance, args, kwargs):
+    """The training function's error, logged by Ray Train: not when we stopped it."""
+    exc = args[0] if args else kwargs.get("e")
+    if isinstance(exc, TrainingStopped):
+        from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
+
+        return UserExceptionWithTraceback(exc, traceback_str="")
+    return wrapped(*args, **kwargs)
+
+
 def _finalize_train_worker():
     try:
         if not _in_actor():
             return
         patience = _train_patience()
         code = train_exit_code()
+        if code == SIGTERM_CODE:
+            _stop_training_thread(_budget(patience) / 2)
         log.debug("Ray Train worker %d: finalizing in-band (exit code %s, patience %.1fs)", os.getpid(), code, patience)
-        engine.finalize(_budget(patience), exit_code=code)
+        engine.finalize(_budget(patience) / (2 if code == SIGTERM_CODE else 1), exit_code=code)
     except Exception:
         log.debug_exception("Ray Train worker: in-band finalize failed")
+
+
+def _stop_training_thread(timeout):
+    """Another rank failed and the group is shutting down while this rank's training
+    function runs on: resources torn down under it would make it raise, and Ray Train
+    would log this rank as failed. So it is stopped first, with TrainingStopped raised
+    at its next bytecode (a SystemExit: its `finally` blocks run), which Ray Train is
+    told not to log."""
+    import ctypes
+
+    runner = _train_runner()
+    thread = getattr(runner, "_thread", None)
+    if thread is None or not thread.is_alive():
+        return
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TrainingStopped))
+    thread.join(timeout)
+    log.debug("Ray Train worker %d: training thread %s", os.getpid(), "stopped" if not thread.is_alive() else "still running")
+
+
+def _train_runner():
+    module = sys.modules.get("ray.train.v2._internal.execution.context")
+    try:
+        return module.get_train_context().execution_context.training_thread_runner
+    except Exception:
+        return None
 
 
 def _train_patience():
@@ -165,13 +300,11 @@ def _train_patience():
 def train_exit_code():
     """0 if the training function returned, 1 if it raised, 143 if it is still
     running (the worker is being stopped from outside); None outside Ray Train."""
-    module = sys.modules.get("ray.train.v2._internal.execution.context")
-    if module is None:
-        return None
-    try:
-        runner = module.get_train_context().execution_context.training_thread_runner
-    except Exception:
+    runner = _train_runner()
+    if runner is None:
         return None
     if runner.is_running():
         return SIGTERM_CODE
-    return 1 if runner.get_error() is not None else 0
+    error = runner.get_error()
+    return 1 if error is not None and not isinstance(getattr(error, "_base_exc", error), TrainingStopped) else (
+        SIGTERM_CODE if error is not None else 0)

@@ -1,9 +1,10 @@
 """A Ray Train job: a TorchTrainer with 2 CPU workers whose train function keeps
 a StatefulDataLoader iterator (2 workers) on a long-lived object and logs 10
 steps to wandb (offline) on rank 0, never calling finish(). Usage:
-ray_train_job.py return|raise|hang
+ray_train_job.py return|raise|hang|other-rank-raises
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
-their steps until the driver is stopped with SIGTERM.) Legacy v1 reserves a CPU
+their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
+raises at its step 10 (0.1 s each) while rank 0 logs a step every 0.2 s.) Legacy v1 reserves a CPU
 for its trainer actor: the workers take half a CPU each.
 
 Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
@@ -22,10 +23,19 @@ MODE = sys.argv[1]
 STEPS = 10
 
 
+def write_rank(rank):
+    import psutil
+
+    children = [p.pid for p in psutil.Process().children(recursive=True)]
+    out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}")
+    with open(out + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid(), "children": children}, f)
+    os.replace(out + ".tmp", out)
+
+
 def train_func():
     import __main__
 
-    import psutil
     import ray.train
     import wandb
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -35,6 +45,16 @@ def train_func():
     __main__.KEEP = iter(loader)  # long-lived, as a trainer's attribute would be
     if rank == 0:
         __main__.RUN = wandb.init(project="autoteardown-tests")
+    if MODE == "other-rank-raises":
+        write_rank(rank)
+        for step in range(300):
+            next(__main__.KEEP)
+            if rank == 0:
+                __main__.RUN.log({"loss": 1.0 / (step + 1)})
+                print(f"RANK0_STEP: {step}", flush=True)
+            elif step == 10:
+                raise RuntimeError("rank 1 failed")
+            time.sleep(0.2 if rank == 0 else 0.1)
     for step in range(STEPS):
         next(__main__.KEEP)
         if rank == 0:
@@ -42,11 +62,7 @@ def train_func():
     import torch.distributed
 
     torch.distributed.barrier()  # both ranks have done their steps (rank 0 its wandb.init)
-    children = [p.pid for p in psutil.Process().children(recursive=True)]
-    out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}")
-    with open(out + ".tmp", "w") as f:
-        json.dump({"pid": os.getpid(), "children": children}, f)
-    os.replace(out + ".tmp", out)
+    write_rank(rank)
     if MODE == "raise" and rank == 0:
         raise RuntimeError("the training function failed")
     while MODE == "hang":

@@ -1,0 +1,58 @@
+"""A verl-shaped job that is stopped from outside: the driver waits in
+`ray.get(runner.run.remote(config))` (as verl's main_ppo.run_ppo does) while a
+TaskRunner actor trains: a StatefulDataLoader with 2 workers and a wandb run
+(offline) held on `self`, STEPS steps at PAUSE s. The test SIGTERMs the driver or
+the whole process group part-way. Usage: ray_stopped_job.py [steps] [pause] [tracker]
+(tracker: wandb, the default, or mlflow with MLFLOW_TRACKING_URI set).
+
+The actor prints "ACTOR: pid", "CHILDREN: pids" (loader workers, wandb-core) and
+"STEP: n" after each step is logged; Ray forwards them to the driver's stdout."""
+
+import os
+import sys
+import time
+
+import ray
+
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+PAUSE = float(sys.argv[2]) if len(sys.argv) > 2 else 0.2
+TRACKER = sys.argv[3] if len(sys.argv) > 3 else "wandb"
+
+
+def say(text):
+    sys.stdout.write(text + "\n")  # one write: Ray forwards each write as lines of its own
+    sys.stdout.flush()
+
+
+@ray.remote(num_cpus=1)
+class TaskRunner:
+    def run(self, config):
+        import psutil
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.loader = StatefulDataLoader(list(range(10000)), batch_size=4, num_workers=2)
+        self.batches = iter(self.loader)
+        if config["tracker"] == "mlflow":
+            import mlflow
+
+            self.tracker = mlflow.start_run()
+            log = lambda step: mlflow.log_metric("loss", 1.0 / (step + 1), step=step)  # noqa: E731
+        else:
+            import wandb
+
+            self.tracker = wandb.init(project="autoteardown-tests")
+            log = lambda step: self.tracker.log({"loss": 1.0 / (step + 1)})  # noqa: E731
+        children = " ".join(str(p.pid) for p in psutil.Process().children(recursive=True))
+        say(f"ACTOR: {os.getpid()}\nCHILDREN: {children}")
+        for step in range(config["steps"]):
+            next(self.batches)
+            log(step)
+            say(f"STEP: {step}")
+            time.sleep(config["pause"])
+        return "done"
+
+
+ray.init(num_cpus=2, include_dashboard=False)
+print("DRIVER:", os.getpid(), flush=True)
+runner = TaskRunner.remote()
+print("RESULT:", ray.get(runner.run.remote({"steps": STEPS, "pause": PAUSE, "tracker": TRACKER})), flush=True)

@@ -1,0 +1,81 @@
+"""Ray jobs that are stopped from outside: `kill <driver pid>` (a launcher forwarding
+Ctrl-C as SIGTERM) or SIGTERM to the job's process group. A verl-shaped driver waits
+in `ray.get(runner.run.remote(config))` while a TaskRunner actor trains with a
+StatefulDataLoader (2 workers) and a wandb run. The actor's run keeps every step the
+driver saw logged and gets an exit record (143), and no process of the job is left.
+A Ray worker's SIGTERM is not torn down inside Ray's signal handler."""
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from helpers import LOAD_MARGIN, alive, in_session, noise, wait_until_empty
+
+pytestmark = pytest.mark.needs_torch
+SIGTERM_CODE = 128 + signal.SIGTERM
+
+
+def stopped_job(jobs, group, shim=True, after_step=10):
+    """Start the job, SIGTERM the driver (or its process group) once the actor has logged
+    `after_step`; the Run, the steps the driver saw, and what of the job is still running
+    5 s (plus the load margin) after the driver ended."""
+    proc = jobs.start("ray_stopped_job.py", shim=shim)
+    before, deadline = "", time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        before += line
+        if not line or re.search(rf"STEP: {after_step}\b", line):
+            break
+    (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
+    result = jobs.finish(proc, timeout=120, before=before)
+    seen = [int(n) for n in re.findall(r"STEP: (\d+)", result.stdout)]
+    assert seen and max(seen) >= after_step, result
+    jobs_pids = [int(p) for tag in ("ACTOR", "CHILDREN") for p in re.findall(rf"{tag}: ([\d ]+)", result.stdout)
+                 for p in p.split()]
+    left = wait_until_empty(lambda: alive(jobs_pids) + in_session(proc.pid), within=5.0 + LOAD_MARGIN)
+    return result, seen, left
+
+
+def assert_kept(jobs, result, seen, left):
+    runs = jobs.runs()
+    assert len(runs) == 1, result
+    _, steps, codes = runs[0]
+    assert steps == list(range(len(steps))) and len(steps) > max(seen), (steps, seen, result)
+    assert codes == [SIGTERM_CODE], result
+    assert left == [], result
+    assert noise(result.stderr) == [] and "autoteardown:" not in result.stderr, result
+    assert result.returncode != 0, result  # Ray's status for a stopped driver (1, or its abort)
+
+
+def test_a_stopped_driver_keeps_the_actors_run_and_leaves_nothing(jobs):
+    assert_kept(jobs, *stopped_job(jobs, group=False))
+
+
+def test_a_stopped_process_group_keeps_the_actors_run_and_leaves_nothing(jobs):
+    assert_kept(jobs, *stopped_job(jobs, group=True))
+
+
+@pytest.mark.baseline
+@pytest.mark.parametrize("group", [False, True], ids=["driver", "group"])
+def test_a_stopped_job_without_the_shim_keeps_no_exit_record(jobs, group):
+    result, seen, left = stopped_job(jobs, group, shim=False)
+    runs = jobs.runs()
+    codes = runs[0][2] if runs else []
+    print(f"without the shim: status {result.returncode}, {len(runs[0][1]) if runs else 0} of "
+          f"{max(seen) + 1} steps kept, exit records {codes}, {len(left)} process(es) left")
+    assert codes == [], result
+
+
+@pytest.mark.parametrize("mode", ["busy", "idle"])
+def test_a_workers_sigterm_is_torn_down_outside_rays_signal_handler(jobs, mode):
+    out = jobs.dir / "probe.json"
+    result = jobs.run("ray_worker_sigterm.py", mode, out, timeout=120)
+    assert "GONE: True" in result.stdout, result
+    probe = json.loads(out.read_text())
+    assert probe["thread"].startswith("autoteardown-step"), probe
+    in_handler = [f for f in probe["main_stack"] if f.startswith(("sigterm_handler ", "_ask ", "_on_worker_sigterm "))]
+    assert in_handler == [], probe
