@@ -38,7 +38,7 @@ def install():
         if name in config.DISABLED_INTEGRATIONS:
             continue
         for module in modules:
-            importhook.register(module, integrations.hook_name(name))
+            importhook.register(module, f"autoteardown.integrations.{name}:patch")
 
 
 def uninstall():

@@ -1,8 +1,5 @@
-"""Configuration, read once from the environment.
-
-A bad value never raises: it gets one warning and the default. The warning is
-printed once per process tree: the processes this one starts (spawn DataLoader
-workers, torchrun ranks, Ray workers) inherit the value and stay quiet about it.
+"""Configuration, read once from the environment. A bad value never raises: it gets the
+default and one warning per process tree (children inherit the value and stay quiet).
 """
 
 import os

@@ -1,26 +1,17 @@
 """The exit engine: one teardown that finalizes every recorded resource, in order,
 within a deadline, however the process ends, and never changes how it ends.
 
-When. From threading's exit callbacks (`threading._register_atexit`), which CPython
-runs in `threading._shutdown()` before any atexit callback: atexit runs last in,
-first out, and torch, wandb and Ray register theirs after we are imported, so it
-cannot put us first. On a normal end the teardown comes after the other threading
-callbacks (concurrent.futures stops its workers there) and after the non-daemon
-threads have ended, as Python waits for them; after a SIGTERM it comes first and
-waits for no thread (the process is being stopped), and then the process dies of
-the signal (signals.py).
+It runs from threading's exit callbacks, which CPython calls before any atexit
+callback (atexit is last in, first out; torch, wandb and Ray register after us). A
+normal end tears down after the other threading callbacks and the non-daemon threads;
+after a SIGTERM, at once, and the process then dies of the signal (signals.py).
+Armed at the first resource recorded (registry.py).
 
-Armed at the first resource recorded (registry.py): a process that records nothing
-(a spawn DataLoader worker) gets no hook, no handler and no thread.
-
-Bounded. Each step runs in a runner thread and may use the time left but a second
-for each step after it; one still running then is left behind with one warning.
-Another runner drives the steps while the calling thread only waits: a signal
-handler can raise into the main thread at any bytecode (torch's SIGCHLD handler
-does), and a wait is the one place that can ignore that. Runners are started when
-armed, since Python 3.12.0-3.12.2 refuse new threads once finalization has begun;
-where none can be had, the step runs inline under an alarm that ends the process
-with its status should the step hang. Errors are one warning line, never raised.
+Each step runs in a runner thread and may use the time left but a second per later
+step. Another runner drives the steps while the calling thread only waits: a wait is
+the one place that can ignore what a signal handler raises (torch's SIGCHLD one).
+Runners start when armed (Python 3.12.0-3.12.2 refuse threads during finalization);
+without one, a step runs inline under an alarm. Errors are one warning, never raised.
 """
 
 import os
@@ -41,8 +32,8 @@ _signals_ready = False  # signals.install() ran in the main thread of this proce
 _exiting = False        # threading's exit callbacks have begun
 _exit_done = False      # the exit teardown has run
 _signal = None          # (signum, monotonic time) of the SIGTERM taken
-_exit_status = None     # the SystemExit leaving __main__ (see _track_exit)
-_mp_exitcode = None     # a multiprocessing child's exit code (see _before_multiprocessing_exit)
+_exit_status = None     # (code, frames) of the SystemExit leaving __main__ (_track_exit)
+_mp_exitcode = None     # a multiprocessing child's exit code
 _idle = []              # queues of idle runner threads
 _stepping = set()       # idents of the threads running a step now
 _hooked = False         # the exit hooks are registered (inherited by fork children)
@@ -51,25 +42,18 @@ _patches = Patches()
 
 
 def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None):
-    """Declare how to finalize resources of `kind`.
-
-    finalize_one(obj, timeout): finalize one live object within `timeout` seconds; a
-    string it returns is the step's outcome in the report (default "finalized").
-    after_all(timeout): once after the kind's objects (wandb.teardown()).
-    in_child(obj): in a fork child, for each object the parent had, so that the child
-    never touches it.
-    on_sigterm(obj): in our SIGTERM handler (no lock, no blocking): stop watching what
-    dies with the process.
-    """
+    """Declare how to finalize resources of `kind`: finalize_one(obj, timeout) (a string
+    it returns is the report's outcome), after_all(timeout) once after them, in_child(obj)
+    in a fork child for each object the parent had, on_sigterm(obj) in the SIGTERM
+    handler (no lock, no blocking)."""
     with _lock:
         _kinds[:] = sorted([k for k in _kinds if k[1] != kind] + [
             (order, kind, finalize_one, after_all, in_child, on_sigterm)], key=lambda k: k[0])
 
 
 def arm():
-    """The exit hooks, two runners, exit-code tracking and SIGTERM, once per process
-    (registry.record calls it). First called off the main thread, the SIGTERM part is
-    asked again at the next record."""
+    """The exit hooks, two runners, exit-code tracking and SIGTERM, once per process;
+    off the main thread, SIGTERM is tried again at the next record."""
     global _armed_pid, _signals_ready
     with _lock:
         if _armed_pid != os.getpid():
@@ -98,7 +82,7 @@ def _hook():
     _hooked = True
     import threading
 
-    # First in: called last, after concurrent.futures' callbacks. The early one is called first.
+    # First in the list is called last, after concurrent.futures' callbacks.
     late = getattr(threading, "_threading_atexits", None)
     if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
         threading._register_atexit(_on_exit)
@@ -110,16 +94,11 @@ def _hook():
 
 
 def finalize(timeout=None, kinds=None, exit_code=None):
-    """Finalize every live resource now (or only those of `kinds`), in order, within
-    `timeout` seconds (default AUTOTEARDOWN_TIMEOUT). Safe to call more than once:
-    what was finalized is forgotten.
-
-    exit_code: the code the finalizers hand on (wandb's exit record, mlflow's status)
-    when the caller knows better than the process (a Ray Train worker whose training
-    function raised).
-
-    A KeyboardInterrupt or SystemExit in the calling thread while it waits stops the
-    teardown (what is left stays recorded for the exit) and is raised again."""
+    """Finalize every live resource now (or those of `kinds`), in order, within `timeout`
+    seconds; what was finalized is forgotten. exit_code: the code handed on, when the
+    caller knows better (a Ray Train worker whose function raised). A KeyboardInterrupt
+    or SystemExit while waiting stops the teardown (the rest stays recorded) and is
+    raised again."""
     timeout = config.TIMEOUT if timeout is None else timeout
     interrupted = _finalize(time.monotonic() + timeout, kinds, exit_code)
     if interrupted is not None:
@@ -193,13 +172,12 @@ def _run_steps(deadline, only, stop, why):
 
 
 def _wait(done, until, what):
-    """Wait for the lock `done` until `until`: what interrupted the wait (KeyboardInterrupt
-    or SystemExit), else None. Any other exception is a signal handler's raising into
-    this thread (torch's SIGCHLD one); not the user's to see now: keep waiting."""
+    """Wait for the lock `done` until `until`: the KeyboardInterrupt or SystemExit that
+    stopped the wait, else None. Another exception is a signal handler's (torch's SIGCHLD
+    one), not the user's to see now: keep waiting. In slices: Python handlers run only
+    between two bytecodes, never in a long lock wait."""
     while True:
         try:
-            # In slices: a signal that came to another thread runs its Python handler
-            # here only between two bytecodes of this thread, never in a long lock wait.
             if done.acquire(timeout=min(0.05, max(0.0, until - time.monotonic()))) or time.monotonic() >= until:
                 return None
         except (KeyboardInterrupt, SystemExit) as interrupted:
@@ -237,10 +215,9 @@ def _run_bounded(kind, obj, func, budget):
         finally:
             signals.cancel(guard)
     elapsed, name = time.monotonic() - started, _name(kind, obj)
-    result = outcome[0] if outcome else None
+    result = outcome[0] if outcome else "left behind"
     if not outcome:
         log.warning("%s: still running after %.1fs; left behind", name, elapsed)
-        result = "left behind"
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
         log.failure(name, result)
         result = f"failed: {type(result).__name__}: {result}"
@@ -291,25 +268,17 @@ def _start_runner(idle=True):
 
 
 def _name(kind, obj):
-    report = _reporter()
-    if report is not None:
-        return f"{kind} {report.describe(kind, obj)}"  # never raises
-    return f"{kind} {'(after all its resources)' if obj is None else type(obj).__name__}"
-
-
-def _reporter():
-    """autoteardown.report, only when a report is asked for (it is not imported otherwise)."""
-    if config.DEBUG or config.REPORT:
-        from . import report
-
-        return report
-    return None
+    name = _report("describe", kind, obj)
+    return f"{kind} {name or ('(after all its resources)' if obj is None else type(obj).__name__)}"
 
 
 def _report(event, *args):
-    report = _reporter()
-    if report is not None:
-        getattr(report, event)(*args)  # never raises
+    """report.py's `event`, which never raises; imported only when a report is asked for."""
+    if config.DEBUG or config.REPORT:
+        from . import report
+
+        return getattr(report, event)(*args)
+    return None
 
 
 # ---- the exit hooks ---------------------------------------------------------------
@@ -337,10 +306,9 @@ def _on_exit_after_threads():
 
 
 def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
-    """A multiprocessing child (spawn, forkserver) ends in BaseProcess._bootstrap, which
-    calls `util._exit_function()` (it SIGTERMs the daemonic children: DataLoader workers)
-    before threading's exit callbacks: the teardown comes first, with the code the child
-    will exit with (the exception run() raised is still being handled here)."""
+    """BaseProcess._bootstrap calls `util._exit_function()`, which SIGTERMs the daemonic
+    children (DataLoader workers), before threading's exit callbacks: a multiprocessing
+    child tears down here first, with the code run()'s outcome gives it."""
     global _mp_exitcode
     bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
     frame, code = sys._getframe(1), getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
@@ -381,9 +349,8 @@ def _exit_teardown():
 # ---- signals (called by signals.py) -----------------------------------------------
 
 def on_signal(signum):
-    """In our SIGTERM handler: no lock, no logging. Records the first signal; the
-    DataLoader workers die with a process group (torchrun, SLURM): stop watching them
-    first, or torch's SIGCHLD handler raises "killed by signal" wherever we are."""
+    """In our SIGTERM handler (no lock, no logging): record the first signal and run the
+    kinds' on_sigterm (the DataLoader workers die with the process group)."""
     global _signal
     if _signal is None:
         _signal = (signum, time.monotonic())
@@ -410,8 +377,8 @@ def is_stop(exc):
 
 
 def take_over(signum, at, why):
-    """The helper's rule 4 (signals.py): if no teardown is under way, one runs from a
-    runner now and then the process dies of the signal."""
+    """signals.py's rule 4: unless a teardown is under way, tear down from a runner and
+    die of the signal."""
     if _busy.locked():
         return
     if _signal is None:
@@ -423,8 +390,7 @@ def take_over(signum, at, why):
         _finalize(at + config.TIMEOUT, why="SIGTERM")
         signals.end_process(signum)
 
-    if not _submit(work):
-        work()
+    run_soon(work)
 
 
 def exit_signal():
@@ -455,13 +421,12 @@ def ending():
         return 1, exc, type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else "exception"
     if _mp_exitcode is not None:
         return _mp_exitcode, None, "multiprocessing exit"
-    status = _left_main()
-    if status is not _NOTHING:
+    # Before 3.12 (_on_sys_exit) the sys.exit() call counts only if every frame from its
+    # caller up to __main__'s stopped where it was then: the SystemExit was not caught.
+    if _exit_status is not None and all(frame.f_lasti == lasti for frame, lasti in _exit_status[1]):
+        status = _exit_status[0]
         return 0 if status is None else status if isinstance(status, int) else 1, None, f"sys.exit({status!r})"
     return 0, None, "normal end" if _exiting else "finalize()"
-
-
-_NOTHING = object()
 
 
 def _uncaught():
@@ -477,24 +442,9 @@ def _uncaught():
     return exc
 
 
-def _left_main():
-    """The code of the SystemExit that left __main__, or _NOTHING."""
-    if _exit_status is None:
-        return _NOTHING
-    status, frames = _exit_status
-    # Python < 3.12: believe the sys.exit() call only if every frame from its caller up to
-    # __main__'s stopped where it was then: the SystemExit was not caught on the way.
-    if any(frame.f_lasti != lasti for frame, lasti in frames):
-        return _NOTHING
-    return status
-
-
 def _track_exit():
-    """See the SystemExit that leaves __main__. Python 3.12+: sys.monitoring's PY_UNWIND
-    fires as it unwinds __main__'s frame (a bare `raise SystemExit(n)` too) and costs only
-    when an exception unwinds a frame. Before 3.12 (or with no free tool id): sys.exit()
-    is wrapped and a call is believed only if its SystemExit left __main__ (_left_main);
-    a bare `raise SystemExit(n)` is not seen there, and reads as 0 (README)."""
+    """See the SystemExit that leaves __main__: on 3.12+ sys.monitoring's PY_UNWIND (a bare
+    `raise SystemExit(n)` too); before (or with no free tool id) sys.exit() is wrapped."""
     global _monitoring_tool
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is not None and _monitoring_tool is None:
@@ -513,8 +463,7 @@ def _track_exit():
 
 def _on_sys_exit(wrapped, instance, args, kwargs):
     global _exit_status
-    # Only the main thread's call ends the process: a thread that ends itself with
-    # sys.exit() (wandb.teardown() does, in a runner) does not.
+    # Only the main thread's call ends the process (wandb.teardown() calls it in a runner).
     if _thread.get_ident() == _main_ident():
         main, frames, frame = getattr(sys.modules.get("__main__"), "__dict__", None), [], sys._getframe(1)
         while frame is not None:
@@ -559,11 +508,9 @@ def disarm():
 # ---- fork safety -----------------------------------------------------------------------
 
 def _after_fork_in_child():
-    """A forked child starts with no resources, never finalizes its parent's, and has
-    the default SIGTERM until it records a resource of its own."""
+    """A fork child starts with no resources and the default SIGTERM until it records one."""
     global _lock, _busy, _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status
-    # Only the forking thread lives on in the child: a lock another thread held at the
-    # fork would never be released here (registry and importhook reset their own).
+    # Another thread's lock would never be released here (registry and importhook reset theirs).
     _lock, _busy = _thread.RLock(), _thread.allocate_lock()
     _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status = None, False, False, False, None, None
     _idle.clear()

@@ -1,12 +1,6 @@
-"""stdlib logging, imported only when something is actually logged.
-
-`import logging` costs several milliseconds, and every Python process pays for
-`import autoteardown` when it sits in a sitecustomize, so the logger is made on
-first use. Debug calls return at once unless AUTOTEARDOWN_DEBUG=1.
-
-With AUTOTEARDOWN_DEBUG=1 every line carries the pid (and the rank, when RANK
-or LOCAL_RANK is set), so the lines of torchrun ranks and DataLoader workers
-sharing one stderr can be told apart.
+"""stdlib logging, made on first use (`import logging` costs milliseconds). Debug calls
+return at once unless AUTOTEARDOWN_DEBUG=1, which also puts the pid (and rank) on
+every line, for ranks and workers sharing one stderr.
 """
 
 import os

@@ -1,16 +1,8 @@
-"""The teardown report: what the exit engine did in this process, in words a user
-recognises, for AUTOTEARDOWN_DEBUG=1 (on stderr, through log.py, so every line carries
-the pid and rank) and AUTOTEARDOWN_REPORT=path.jsonl (one JSON line per process that
-recorded a resource, appended, for CI systems; an interrupted teardown writes its line
-too). Imported by the engine only when one of the two is set. Nothing here raises; a
-file that cannot be written is one warning naming it.
-
-The engine calls, in this order:
-    header(activation=None)          once per process, when it is armed
-    begin(trigger, code)             a teardown starts: what triggered it, the exit code handed on
-    step(kind, obj, outcome, s)      one per resource (obj None: the kind's after-all step)
-    end(seconds, interrupted=False)  the teardown is over
-Each integration names its resources (its `describe(obj)`; integrations.TABLE maps kinds).
+"""The teardown report, for AUTOTEARDOWN_DEBUG=1 (stderr) and AUTOTEARDOWN_REPORT=path.jsonl
+(one JSON line per process that recorded a resource). Imported by the engine only when
+one is set; nothing here raises. The engine calls header() once when armed, then per
+teardown begin(trigger, code), step(kind, obj, outcome, seconds) per resource (obj None:
+the kind's after-all step) and end(seconds, interrupted).
 """
 
 import functools
