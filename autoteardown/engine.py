@@ -36,7 +36,7 @@ _exit_status = None     # (code, frames) of the SystemExit leaving __main__ (_tr
 _mp_exitcode = None     # a multiprocessing child's exit code
 _idle = []              # queues of idle runner threads
 _stepping = set()       # idents of the threads running a step now
-_hooked = False         # the exit hooks are registered (inherited by fork children)
+_hooked = False         # the exit hooks are registered
 _monitoring_tool = None
 _patches = Patches()
 
@@ -52,13 +52,25 @@ def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_s
 
 
 def arm():
-    """The exit hooks, two runners, exit-code tracking and SIGTERM, once per process;
-    off the main thread, SIGTERM is tried again at the next record."""
-    global _armed_pid, _signals_ready
+    """Exit hooks, runners, exit-code tracking and SIGTERM, once per process (SIGTERM from
+    the main thread only: else again at the next record)."""
+    global _armed_pid, _signals_ready, _hooked
     with _lock:
         if _armed_pid != os.getpid():
             _armed_pid = os.getpid()
-            _hook()
+            if not _hooked:  # a fork child inherits them
+                _hooked = True
+                import threading
+
+                # First in the list is called last, after concurrent.futures' callbacks.
+                late = getattr(threading, "_threading_atexits", None)
+                if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
+                    threading._register_atexit(_on_exit)
+                    late.insert(0, _on_exit_after_threads)
+                else:  # not CPython >= 3.9, or already shutting down
+                    import atexit
+
+                    atexit.register(_on_exit_after_threads)
             _track_exit()
             _start_runner()  # two: one drives the steps, one runs them
             _start_runner()
@@ -75,32 +87,13 @@ def arm():
         registry.on_record = None if _signals_ready else arm
 
 
-def _hook():
-    global _hooked
-    if _hooked:
-        return
-    _hooked = True
-    import threading
-
-    # First in the list is called last, after concurrent.futures' callbacks.
-    late = getattr(threading, "_threading_atexits", None)
-    if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
-        threading._register_atexit(_on_exit)
-        late.insert(0, _on_exit_after_threads)
-    else:  # not CPython >= 3.9, or already shutting down
-        import atexit
-
-        atexit.register(_on_exit_after_threads)
-
-
 def finalize(timeout=None, kinds=None, exit_code=None):
     """Finalize every live resource now (or those of `kinds`), in order, within `timeout`
     seconds; what was finalized is forgotten. exit_code: the code handed on, when the
     caller knows better (a Ray Train worker whose function raised). A KeyboardInterrupt
     or SystemExit while waiting stops the teardown (the rest stays recorded) and is
     raised again."""
-    timeout = config.TIMEOUT if timeout is None else timeout
-    interrupted = _finalize(time.monotonic() + timeout, kinds, exit_code)
+    interrupted = _finalize(time.monotonic() + (config.TIMEOUT if timeout is None else timeout), kinds, exit_code)
     if interrupted is not None:
         raise interrupted
 
@@ -219,7 +212,8 @@ def _run_bounded(kind, obj, func, budget):
     if not outcome:
         log.warning("%s: still running after %.1fs; left behind", name, elapsed)
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
-        log.failure(name, result)
+        log.warning("%s: %s: %s", name, type(result).__name__, result)
+        log.debug_exception("%s failed", name, exc_info=result)
         result = f"failed: {type(result).__name__}: {result}"
     _report("step", kind, obj, result if isinstance(result, str) else "finalized", elapsed)
 
@@ -227,11 +221,9 @@ def _run_bounded(kind, obj, func, budget):
 def _submit(work):
     """Hand `work` to an idle runner, keeping one spare; False if no thread can be had."""
     with _lock:
-        jobs = _idle.pop() if _idle else None
+        jobs = _idle.pop() if _idle else _start_runner(idle=False)
     if jobs is None:
-        jobs = _start_runner(idle=False)
-        if jobs is None:
-            return False
+        return False
     jobs.put(work)
     if not _idle:
         _start_runner()
@@ -239,8 +231,7 @@ def _submit(work):
 
 
 def run_soon(work):
-    """Run `work` in a runner thread (inline if no thread can be had): a timer's
-    blocking part (signals.alarm actions must not block)."""
+    """Run `work` in a runner thread, or inline if none can be had (an alarm's blocking part)."""
     if not _submit(work):
         work()
 
@@ -294,13 +285,21 @@ def _on_exit():
 
 
 def _on_exit_after_threads():
-    """Called last: on a normal end, once the non-daemon threads have ended."""
+    """Called last: on a normal end, once the non-daemon threads have ended (waited for as
+    Python does right after; a SIGTERM stops the wait)."""
     global _exiting
     if _armed_pid != os.getpid() or _exit_done:
         return
     _exiting = True
+    import threading
+
     try:
-        _join_threads()
+        while _signal is None:
+            alive = [t for t in threading.enumerate() if not t.daemon and t.is_alive()
+                     and t is not threading.current_thread() and t is not threading.main_thread()]
+            if not alive:
+                break
+            alive[0].join(0.05)
     finally:  # a Ctrl-C that stops the wait is Python's to report, after the teardown
         _exit_teardown()
 
@@ -316,23 +315,9 @@ def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
         frame = frame.f_back
     if frame is not None and _armed_pid == os.getpid() and not _exit_done:
         exc = sys.exc_info()[1]
-        _mp_exitcode = 0 if exc is None else 1 if not isinstance(exc, SystemExit) else (
-            0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1)
+        _mp_exitcode = 0 if exc is None else _code_of(exc.code) if isinstance(exc, SystemExit) else 1
         _on_exit_after_threads()
     return wrapped(*args, **kwargs)
-
-
-def _join_threads():
-    """Wait for the non-daemon threads, as Python does right after; a SIGTERM stops the wait."""
-    import threading
-
-    me = threading.current_thread()
-    while _signal is None:
-        alive = [t for t in threading.enumerate() if not t.daemon and t is not me and t.is_alive()
-                 and t is not threading.main_thread()]
-        if not alive:
-            return
-        alive[0].join(0.05)
 
 
 def _exit_teardown():
@@ -362,14 +347,6 @@ def on_signal(signum):
                 pass
 
 
-def signal_taken():
-    return _signal
-
-
-def exiting():
-    return _exiting
-
-
 def is_stop(exc):
     """Is `exc` our SIGTERM unwind? A resource's own `__exit__` leaves it to the teardown."""
     stop = getattr(sys.modules.get("autoteardown.signals"), "Stop", None)
@@ -377,8 +354,7 @@ def is_stop(exc):
 
 
 def take_over(signum, at, why):
-    """signals.py's rule 4: unless a teardown is under way, tear down from a runner and
-    die of the signal."""
+    """signals.py's rule 4: unless a teardown is under way, tear down and die of the signal."""
     if _busy.locked():
         return
     if _signal is None:
@@ -424,9 +400,13 @@ def ending():
     # Before 3.12 (_on_sys_exit) the sys.exit() call counts only if every frame from its
     # caller up to __main__'s stopped where it was then: the SystemExit was not caught.
     if _exit_status is not None and all(frame.f_lasti == lasti for frame, lasti in _exit_status[1]):
-        status = _exit_status[0]
-        return 0 if status is None else status if isinstance(status, int) else 1, None, f"sys.exit({status!r})"
+        return _code_of(_exit_status[0]), None, f"sys.exit({_exit_status[0]!r})"
     return 0, None, "normal end" if _exiting else "finalize()"
+
+
+def _code_of(status):
+    """The exit status of SystemExit(status): None 0, a message 1."""
+    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def _uncaught():

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from . import log
+from . import config, log
 
 WAIT_FOR_MAIN_THREAD = 1.0
 CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
@@ -90,8 +90,7 @@ def uninstall():
 
 
 def reset_in_child():
-    """A fork child: the default SIGTERM again, no helper (the thread is not here), no
-    timers, and never a byte into the parent's pipe."""
+    """A fork child: the default SIGTERM, no helper, no timers, none of the parent's pipe."""
     global _installed, _lock, _main, _hold, _pending, _raised, _resend
     if signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -109,7 +108,7 @@ def _handler(signum, frame):
         return  # called by the handler that replaced ours: it decides
     _engine.on_signal(signum)
     _wake()
-    if not _raised and not _engine.exiting():
+    if not _raised and not _engine._exiting:
         if _hold:
             _pending = True  # raised when the critical section ends
         else:
@@ -193,8 +192,8 @@ def end_process(signum=None, code=0):
 # ---- the helper thread ------------------------------------------------------------
 
 def alarm(when, action):
-    """Call action() in the helper thread at time.monotonic() `when` (it must not block:
-    hand blocking work to a runner); a token for cancel()."""
+    """Call action() (which must not block) in the helper thread at monotonic time `when`;
+    a token for cancel()."""
     token = [when, action]
     with _lock:
         _alarms.append(token)
@@ -278,8 +277,11 @@ def _serve(read_fd):
         # The wakeup fd carries every Python-handled signal's number; ours, a zero byte.
         if not watched and (_engine is not None and _engine.exit_signal() is not None or (
                 signal.SIGTERM in data and _own_wakeup and signal.getsignal(signal.SIGTERM) is _handler)):
-            watched = True
-            _watch(now)
+            watched = True  # the deadlines of rule 4, counted from when the signal came
+            signum, at = _engine._signal or (signal.SIGTERM, now)
+            alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
+            alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
+            alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
 
 
 def _resend_signal():
@@ -294,13 +296,3 @@ def _resend_signal():
     _resend = _raised = False
     os.kill(os.getpid(), signal.SIGTERM)
     return True
-
-
-def _watch(now):
-    """Deadlines of the SIGTERM under way (rule 4), counted from when it came."""
-    from . import config
-
-    signum, at = _engine.signal_taken() or (signal.SIGTERM, now)
-    alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
-    alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
-    alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
