@@ -34,20 +34,12 @@ def supported_range(name):
 
 def get_version(name):
     """The installed version of the integration's first installed distribution, or None."""
-    for distribution, _, _ in TABLE[name][3:]:
-        found = installed_version(distribution)
-        if found is not None:
-            return found
-    return None
+    return next(filter(None, (installed_version(dist) for dist, _, _ in TABLE[name][3:])), None)
 
 
 def unsupported_reason(name):
     """None when every installed distribution of the integration is in its range, else why."""
-    for distribution, minimum, below in TABLE[name][3:]:
-        reason = check_version(distribution, minimum, below)
-        if reason:
-            return reason
-    return None
+    return next(filter(None, (check_version(*row) for row in TABLE[name][3:])), None)
 
 
 def supported(name):

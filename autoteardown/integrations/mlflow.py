@@ -157,8 +157,6 @@ def _bounded_request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def describe(obj):
-    info = getattr(obj, "info", None)
-    run_id = getattr(info, "run_id", None) or getattr(obj, "run_id", None) or (obj if isinstance(obj, str) else None)
-    name = getattr(info, "run_name", None)
-    return (f"run {run_id}" + (f" ({name})" if name else "")) if run_id else None
+def describe(run):
+    info = run.info
+    return f"run {info.run_id}" + (f" ({info.run_name})" if info.run_name else "")

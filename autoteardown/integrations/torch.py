@@ -82,34 +82,31 @@ def shutdown_workers(it, timeout):
     by one, 5 s each); kill what still runs, so torch's own shutdown returns at once."""
     if getattr(it, "_shutdown", True):
         return
+    until = time.monotonic() + timeout / 2
     try:
-        _stop_all(it, time.monotonic() + timeout / 2)
+        # As torch does: the pin-memory thread first, since workers exiting can leave
+        # half-written data in the queue it reads.
+        thread = getattr(it, "_pin_memory_thread", None)
+        if thread is not None:
+            it._pin_memory_thread_done_event.set()
+            it._worker_result_queue.put((None, None))
+            thread.join(max(0.0, until - time.monotonic()))
+        it._workers_done_event.set()
+        for worker_id, _ in enumerate(it._workers):
+            if it._persistent_workers or it._workers_status[worker_id]:
+                it._mark_worker_as_unavailable(worker_id, shutdown=True)
+        for w in it._workers:  # every worker has been told: these joins share one deadline
+            w.join(max(0.0, until - time.monotonic()))
+        stuck = [w for w in it._workers if w.exitcode is None]
+        for w in stuck:
+            w.kill()
+        for w in stuck:
+            w.join(1.0)
+        if stuck:
+            log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
-
-
-def _stop_all(it, until):
-    # As torch does: the pin-memory thread first, since workers exiting can leave
-    # half-written data in the queue it reads.
-    thread = getattr(it, "_pin_memory_thread", None)
-    if thread is not None:
-        it._pin_memory_thread_done_event.set()
-        it._worker_result_queue.put((None, None))
-        thread.join(max(0.0, until - time.monotonic()))
-    it._workers_done_event.set()
-    for worker_id, _ in enumerate(it._workers):
-        if it._persistent_workers or it._workers_status[worker_id]:
-            it._mark_worker_as_unavailable(worker_id, shutdown=True)
-    for w in it._workers:  # every worker has been told: these joins share one deadline
-        w.join(max(0.0, until - time.monotonic()))
-    stuck = [w for w in it._workers if w.exitcode is None]
-    for w in stuck:
-        w.kill()
-    for w in stuck:
-        w.join(1.0)
-    if stuck:
-        log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
 
 
 def describe(it):
