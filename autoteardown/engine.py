@@ -88,11 +88,9 @@ def arm():
 
 
 def finalize(timeout=None, kinds=None, exit_code=None):
-    """Finalize every live resource now (or those of `kinds`), in order, within `timeout`
-    seconds; what was finalized is forgotten. exit_code: the code handed on, when the
-    caller knows better (a Ray Train worker whose function raised). A KeyboardInterrupt
-    or SystemExit while waiting stops the teardown (the rest stays recorded) and is
-    raised again."""
+    """Finalize every live resource now (or those of `kinds`) within `timeout` seconds,
+    handing on `exit_code` if given. A KeyboardInterrupt or SystemExit while waiting
+    stops the teardown (the rest stays recorded) and is raised again."""
     interrupted = _finalize(time.monotonic() + (config.TIMEOUT if timeout is None else timeout), kinds, exit_code)
     if interrupted is not None:
         raise interrupted
@@ -132,11 +130,8 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
 
 
 def _run_steps(deadline, only, stop, why):
-    started = time.monotonic()
-    with _lock:
-        kinds = list(_kinds)
-    steps = []
-    for _, kind, finalize_one, after_all, _, _ in kinds:
+    started, steps = time.monotonic(), []
+    for _, kind, finalize_one, after_all, _, _ in list(_kinds):  # a copy is atomic, as on_signal's
         if only is None or kind in only:
             objs = registry.live(kind)
             steps += [(kind, obj, finalize_one) for obj in objs]
@@ -165,10 +160,9 @@ def _run_steps(deadline, only, stop, why):
 
 
 def _wait(done, until, what):
-    """Wait for the lock `done` until `until`: the KeyboardInterrupt or SystemExit that
-    stopped the wait, else None. Another exception is a signal handler's (torch's SIGCHLD
-    one), not the user's to see now: keep waiting. In slices: Python handlers run only
-    between two bytecodes, never in a long lock wait."""
+    """Wait for the lock `done` until `until`, in slices (Python signal handlers run only
+    between bytecodes): the KeyboardInterrupt or SystemExit that stopped the wait, else
+    None. Another exception is a signal handler's (torch's SIGCHLD one): keep waiting."""
     while True:
         try:
             if done.acquire(timeout=min(0.05, max(0.0, until - time.monotonic()))) or time.monotonic() >= until:

@@ -135,8 +135,8 @@ def _end(run_id, status, uri):
             return "deleted"  # mlflow.delete_run(): the store refuses to update it
         client.set_terminated(run_id, status)
     except Exception as exc:
-        message = str(exc).strip().splitlines()
-        log.warning("mlflow run %s left RUNNING: %s: %s", run_id, type(exc).__name__, message[0][:200] if message else "")
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        log.warning("mlflow run %s left RUNNING: %s: %s", run_id, type(exc).__name__, first)
         return f"left RUNNING: {type(exc).__name__}"
     fluent = sys.modules.get("mlflow.tracking.fluent")
     monitor = getattr(fluent, "run_id_to_system_metrics_monitor", {}).pop(run_id, None)
