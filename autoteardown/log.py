@@ -8,8 +8,7 @@ import sys
 
 _debug = False
 _logger = None
-# Warnings already printed in this process tree: children inherit the environment, so a
-# spawn DataLoader worker or a torchrun rank does not repeat its parent's warning.
+# Warnings printed in this process tree: children inherit it and do not repeat them.
 TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
 

@@ -8,6 +8,8 @@ unless `supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, 
 `describe(obj)` for the report. It is imported only when a trigger module is.
 """
 
+import sys
+
 # name: (resource kind, trigger modules, what it looks after, (distribution, minimum, below)...)
 TABLE = {
     "torch": ("dataloader", ("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
@@ -74,8 +76,6 @@ class Patches:
     def rebind(self, original, wrapper, package):
         """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init):
         every attribute of a module of `package` that is `original` gets one FunctionWrapper."""
-        import sys
-
         import wrapt
 
         if any(orig is original for _, _, orig, _ in self._patched):
