@@ -1,23 +1,16 @@
-"""autoteardown: make unmodified ML training scripts end cleanly.
+"""autoteardown: make unmodified ML training scripts end cleanly. `import autoteardown`
+is all it takes: post-import hooks patch each library when (if ever) it is imported,
+and the exit engine finalizes what they recorded before the libraries' own exit hooks.
 
-`import autoteardown` is all it takes. Nothing heavy happens here: post-import
-hooks patch torch's DataLoader, wandb, Ray and the others when (if ever) they are
-imported, and the exit engine finalizes what they recorded before the libraries'
-own exit hooks run.
-
-The runtime, one idea a module:
   importhook.py              post-import hooks: an integration is imported only with its library
   integrations/__init__.py   the integration table (triggers, supported versions) and Patches
-  integrations/<name>.py     where a library is patched and its resources recorded: torch,
-                             distributed, tensorboard, wandb, mlflow, swanlab, trackio, ray
-                             (ray_driver, ray_worker, ray_cluster: its three sides)
+  integrations/<name>.py     where a library is patched and its resources recorded
   registry.py                the weak registry of live resources; the first record arms the engine
   engine.py                  the exit engine: when, in what order, within what deadline
   signals.py                 SIGTERM, the one helper thread and its timers, ending a process early
-  report.py                  the teardown report (AUTOTEARDOWN_DEBUG, AUTOTEARDOWN_REPORT)
-  config.py, log.py          the AUTOTEARDOWN_* variables; stdlib logging, made on first use
-  bootstrap/                 the sitecustomize that activates it without touching a script
-The command-line tools live in cli/ (the command, doctor, demo, the wandb run-file reader).
+  report.py, config.py,      the teardown report; the AUTOTEARDOWN_* variables;
+  log.py                     stdlib logging, made on first use
+  bootstrap/, cli/           the sitecustomize that activates it; the command-line tools
 """
 
 import sys
@@ -29,8 +22,8 @@ __version__ = "0.1.0"
 
 
 def install():
-    """Patch each enabled integration when its library is imported (at once if it
-    already is). Idempotent: a second import, a reload or a second call patches once."""
+    """Patch each enabled integration when its library is imported (at once if it already
+    is). Idempotent: a second import, a reload or a second call patches once."""
     if config.DISABLE:
         return
     registry.on_record = engine.arm  # armed at the first resource recorded
@@ -38,7 +31,7 @@ def install():
         if name in config.DISABLED_INTEGRATIONS:
             continue
         for module in modules:
-            importhook.register(module, integrations.hook_name(name))
+            importhook.register(module, f"autoteardown.integrations.{name}:patch")
 
 
 def uninstall():

@@ -1,8 +1,5 @@
-"""Configuration, read once from the environment.
-
-A bad value never raises: it gets one warning and the default. The warning is
-printed once per process tree: the processes this one starts (spawn DataLoader
-workers, torchrun ranks, Ray workers) inherit the value and stay quiet about it.
+"""Configuration, read once from the environment. A bad value never raises: it gets the
+default and one warning per process tree (children inherit the value and stay quiet).
 """
 
 import os
@@ -73,18 +70,12 @@ def _integrations(name):
     return names & set(INTEGRATIONS)
 
 
-# Set by `autoteardown run` for the command it runs (and so its children).
-VIA_MARKER = "AUTOTEARDOWN_INTERNAL_VIA"
-
-
 def _activation():
     """How autoteardown came to be imported in this process: sitecustomize, autoteardown-run,
     Ray hook, PYTHONSTARTUP or import. Cheap: a look at sys.modules and the import's frames."""
     try:
-        site = sys.modules.get("sitecustomize")
-        in_site = getattr(getattr(site, "__spec__", None), "_initializing", False)
-        if in_site:
-            return os.environ.get(VIA_MARKER) or "sitecustomize"
+        if getattr(getattr(sys.modules.get("sitecustomize"), "__spec__", None), "_initializing", False):
+            return os.environ.get("AUTOTEARDOWN_INTERNAL_VIA") or "sitecustomize"  # set by `autoteardown run`
         startup = os.environ.get("PYTHONSTARTUP")
         frame = sys._getframe(1)
         while frame is not None:
@@ -112,19 +103,12 @@ RAY_GRACE = _seconds("AUTOTEARDOWN_RAY_GRACE_S", 5.0)  # as Ray Train's graceful
 REPORT = os.environ.get("AUTOTEARDOWN_REPORT", "").strip() or None
 ACTIVATION = _activation()
 if DEBUG and ACTIVATION != "cli":
-    if DISABLE:
-        log.debug("AUTOTEARDOWN_DISABLE=1: imported (via %s) but doing nothing in this process", ACTIVATION)
-    else:
-        log.debug("active in this process (via %s)", ACTIVATION)
+    log.debug("AUTOTEARDOWN_DISABLE=1: imported (via %s) but doing nothing in this process" if DISABLE
+              else "active in this process (via %s)", ACTIVATION)
 
 
 def summary():
     """The config in effect, for `autoteardown doctor` and the teardown report."""
-    return {
-        "AUTOTEARDOWN_DISABLE": DISABLE,
-        "AUTOTEARDOWN_DISABLED_INTEGRATIONS": sorted(DISABLED_INTEGRATIONS),
-        "AUTOTEARDOWN_TIMEOUT": TIMEOUT,
-        "AUTOTEARDOWN_DEBUG": DEBUG,
-        "AUTOTEARDOWN_RAY_GRACE_S": RAY_GRACE,
-        "AUTOTEARDOWN_REPORT": REPORT,
-    }
+    return {"AUTOTEARDOWN_DISABLE": DISABLE, "AUTOTEARDOWN_DISABLED_INTEGRATIONS": sorted(DISABLED_INTEGRATIONS),
+            "AUTOTEARDOWN_TIMEOUT": TIMEOUT, "AUTOTEARDOWN_DEBUG": DEBUG, "AUTOTEARDOWN_RAY_GRACE_S": RAY_GRACE,
+            "AUTOTEARDOWN_REPORT": REPORT}

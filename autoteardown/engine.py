@@ -1,26 +1,17 @@
 """The exit engine: one teardown that finalizes every recorded resource, in order,
 within a deadline, however the process ends, and never changes how it ends.
 
-When. From threading's exit callbacks (`threading._register_atexit`), which CPython
-runs in `threading._shutdown()` before any atexit callback: atexit runs last in,
-first out, and torch, wandb and Ray register theirs after we are imported, so it
-cannot put us first. On a normal end the teardown comes after the other threading
-callbacks (concurrent.futures stops its workers there) and after the non-daemon
-threads have ended, as Python waits for them; after a SIGTERM it comes first and
-waits for no thread (the process is being stopped), and then the process dies of
-the signal (signals.py).
+It runs from threading's exit callbacks, which CPython calls before any atexit
+callback (atexit is last in, first out; torch, wandb and Ray register after us). A
+normal end tears down after the other threading callbacks and the non-daemon threads;
+after a SIGTERM, at once, and the process then dies of the signal (signals.py).
+Armed at the first resource recorded (registry.py).
 
-Armed at the first resource recorded (registry.py): a process that records nothing
-(a spawn DataLoader worker) gets no hook, no handler and no thread.
-
-Bounded. Each step runs in a runner thread and may use the time left but a second
-for each step after it; one still running then is left behind with one warning.
-Another runner drives the steps while the calling thread only waits: a signal
-handler can raise into the main thread at any bytecode (torch's SIGCHLD handler
-does), and a wait is the one place that can ignore that. Runners are started when
-armed, since Python 3.12.0-3.12.2 refuse new threads once finalization has begun;
-where none can be had, the step runs inline under an alarm that ends the process
-with its status should the step hang. Errors are one warning line, never raised.
+Each step runs in a runner thread and may use the time left but a second per later
+step. Another runner drives the steps while the calling thread only waits: a wait is
+the one place that can ignore what a signal handler raises (torch's SIGCHLD one).
+Runners start when armed (Python 3.12.0-3.12.2 refuse threads during finalization);
+without one, a step runs inline under an alarm. Errors are one warning, never raised.
 """
 
 import os
@@ -41,40 +32,45 @@ _signals_ready = False  # signals.install() ran in the main thread of this proce
 _exiting = False        # threading's exit callbacks have begun
 _exit_done = False      # the exit teardown has run
 _signal = None          # (signum, monotonic time) of the SIGTERM taken
-_exit_status = None     # the SystemExit leaving __main__ (see _track_exit)
-_mp_exitcode = None     # a multiprocessing child's exit code (see _before_multiprocessing_exit)
+_exit_status = None     # (code, frames) of the SystemExit leaving __main__ (_track_exit)
+_mp_exitcode = None     # a multiprocessing child's exit code
 _idle = []              # queues of idle runner threads
 _stepping = set()       # idents of the threads running a step now
-_hooked = False         # the exit hooks are registered (inherited by fork children)
+_hooked = False         # the exit hooks are registered
 _monitoring_tool = None
 _patches = Patches()
 
 
 def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None):
-    """Declare how to finalize resources of `kind`.
-
-    finalize_one(obj, timeout): finalize one live object within `timeout` seconds; a
-    string it returns is the step's outcome in the report (default "finalized").
-    after_all(timeout): once after the kind's objects (wandb.teardown()).
-    in_child(obj): in a fork child, for each object the parent had, so that the child
-    never touches it.
-    on_sigterm(obj): in our SIGTERM handler (no lock, no blocking): stop watching what
-    dies with the process.
-    """
+    """Declare how to finalize resources of `kind`: finalize_one(obj, timeout) (a string
+    it returns is the report's outcome), after_all(timeout) once after them, in_child(obj)
+    in a fork child for each object the parent had, on_sigterm(obj) in the SIGTERM
+    handler (no lock, no blocking)."""
     with _lock:
         _kinds[:] = sorted([k for k in _kinds if k[1] != kind] + [
             (order, kind, finalize_one, after_all, in_child, on_sigterm)], key=lambda k: k[0])
 
 
 def arm():
-    """The exit hooks, two runners, exit-code tracking and SIGTERM, once per process
-    (registry.record calls it). First called off the main thread, the SIGTERM part is
-    asked again at the next record."""
-    global _armed_pid, _signals_ready
+    """Exit hooks, runners, exit-code tracking and SIGTERM, once per process (SIGTERM from
+    the main thread only: else again at the next record)."""
+    global _armed_pid, _signals_ready, _hooked
     with _lock:
         if _armed_pid != os.getpid():
             _armed_pid = os.getpid()
-            _hook()
+            if not _hooked:  # a fork child inherits them
+                _hooked = True
+                import threading
+
+                # First in the list is called last, after concurrent.futures' callbacks.
+                late = getattr(threading, "_threading_atexits", None)
+                if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
+                    threading._register_atexit(_on_exit)
+                    late.insert(0, _on_exit_after_threads)
+                else:  # not CPython >= 3.9, or already shutting down
+                    import atexit
+
+                    atexit.register(_on_exit_after_threads)
             _track_exit()
             _start_runner()  # two: one drives the steps, one runs them
             _start_runner()
@@ -91,37 +87,11 @@ def arm():
         registry.on_record = None if _signals_ready else arm
 
 
-def _hook():
-    global _hooked
-    if _hooked:
-        return
-    _hooked = True
-    import threading
-
-    # First in: called last, after concurrent.futures' callbacks. The early one is called first.
-    late = getattr(threading, "_threading_atexits", None)
-    if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
-        threading._register_atexit(_on_exit)
-        late.insert(0, _on_exit_after_threads)
-    else:  # not CPython >= 3.9, or already shutting down
-        import atexit
-
-        atexit.register(_on_exit_after_threads)
-
-
 def finalize(timeout=None, kinds=None, exit_code=None):
-    """Finalize every live resource now (or only those of `kinds`), in order, within
-    `timeout` seconds (default AUTOTEARDOWN_TIMEOUT). Safe to call more than once:
-    what was finalized is forgotten.
-
-    exit_code: the code the finalizers hand on (wandb's exit record, mlflow's status)
-    when the caller knows better than the process (a Ray Train worker whose training
-    function raised).
-
-    A KeyboardInterrupt or SystemExit in the calling thread while it waits stops the
-    teardown (what is left stays recorded for the exit) and is raised again."""
-    timeout = config.TIMEOUT if timeout is None else timeout
-    interrupted = _finalize(time.monotonic() + timeout, kinds, exit_code)
+    """Finalize every live resource now (or those of `kinds`) within `timeout` seconds,
+    handing on `exit_code` if given. A KeyboardInterrupt or SystemExit while waiting
+    stops the teardown (the rest stays recorded) and is raised again."""
+    interrupted = _finalize(time.monotonic() + (config.TIMEOUT if timeout is None else timeout), kinds, exit_code)
     if interrupted is not None:
         raise interrupted
 
@@ -160,11 +130,8 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
 
 
 def _run_steps(deadline, only, stop, why):
-    started = time.monotonic()
-    with _lock:
-        kinds = list(_kinds)
-    steps = []
-    for _, kind, finalize_one, after_all, _, _ in kinds:
+    started, steps = time.monotonic(), []
+    for _, kind, finalize_one, after_all, _, _ in list(_kinds):  # a copy is atomic, as on_signal's
         if only is None or kind in only:
             objs = registry.live(kind)
             steps += [(kind, obj, finalize_one) for obj in objs]
@@ -193,13 +160,11 @@ def _run_steps(deadline, only, stop, why):
 
 
 def _wait(done, until, what):
-    """Wait for the lock `done` until `until`: what interrupted the wait (KeyboardInterrupt
-    or SystemExit), else None. Any other exception is a signal handler's raising into
-    this thread (torch's SIGCHLD one); not the user's to see now: keep waiting."""
+    """Wait for the lock `done` until `until`, in slices (Python signal handlers run only
+    between bytecodes): the KeyboardInterrupt or SystemExit that stopped the wait, else
+    None. Another exception is a signal handler's (torch's SIGCHLD one): keep waiting."""
     while True:
         try:
-            # In slices: a signal that came to another thread runs its Python handler
-            # here only between two bytecodes of this thread, never in a long lock wait.
             if done.acquire(timeout=min(0.05, max(0.0, until - time.monotonic()))) or time.monotonic() >= until:
                 return None
         except (KeyboardInterrupt, SystemExit) as interrupted:
@@ -237,12 +202,12 @@ def _run_bounded(kind, obj, func, budget):
         finally:
             signals.cancel(guard)
     elapsed, name = time.monotonic() - started, _name(kind, obj)
-    result = outcome[0] if outcome else None
+    result = outcome[0] if outcome else "left behind"
     if not outcome:
         log.warning("%s: still running after %.1fs; left behind", name, elapsed)
-        result = "left behind"
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
-        log.failure(name, result)
+        log.warning("%s: %s: %s", name, type(result).__name__, result)
+        log.debug_exception("%s failed", name, exc_info=result)
         result = f"failed: {type(result).__name__}: {result}"
     _report("step", kind, obj, result if isinstance(result, str) else "finalized", elapsed)
 
@@ -250,11 +215,9 @@ def _run_bounded(kind, obj, func, budget):
 def _submit(work):
     """Hand `work` to an idle runner, keeping one spare; False if no thread can be had."""
     with _lock:
-        jobs = _idle.pop() if _idle else None
+        jobs = _idle.pop() if _idle else _start_runner(idle=False)
     if jobs is None:
-        jobs = _start_runner(idle=False)
-        if jobs is None:
-            return False
+        return False
     jobs.put(work)
     if not _idle:
         _start_runner()
@@ -262,8 +225,7 @@ def _submit(work):
 
 
 def run_soon(work):
-    """Run `work` in a runner thread (inline if no thread can be had): a timer's
-    blocking part (signals.alarm actions must not block)."""
+    """Run `work` in a runner thread, or inline if none can be had (an alarm's blocking part)."""
     if not _submit(work):
         work()
 
@@ -291,25 +253,17 @@ def _start_runner(idle=True):
 
 
 def _name(kind, obj):
-    report = _reporter()
-    if report is not None:
-        return f"{kind} {report.describe(kind, obj)}"  # never raises
-    return f"{kind} {'(after all its resources)' if obj is None else type(obj).__name__}"
-
-
-def _reporter():
-    """autoteardown.report, only when a report is asked for (it is not imported otherwise)."""
-    if config.DEBUG or config.REPORT:
-        from . import report
-
-        return report
-    return None
+    name = _report("describe", kind, obj)
+    return f"{kind} {name or ('(after all its resources)' if obj is None else type(obj).__name__)}"
 
 
 def _report(event, *args):
-    report = _reporter()
-    if report is not None:
-        getattr(report, event)(*args)  # never raises
+    """report.py's `event`, which never raises; imported only when a report is asked for."""
+    if config.DEBUG or config.REPORT:
+        from . import report
+
+        return getattr(report, event)(*args)
+    return None
 
 
 # ---- the exit hooks ---------------------------------------------------------------
@@ -325,22 +279,29 @@ def _on_exit():
 
 
 def _on_exit_after_threads():
-    """Called last: on a normal end, once the non-daemon threads have ended."""
+    """Called last: on a normal end, once the non-daemon threads have ended (waited for as
+    Python does right after; a SIGTERM stops the wait)."""
     global _exiting
     if _armed_pid != os.getpid() or _exit_done:
         return
     _exiting = True
+    import threading
+
     try:
-        _join_threads()
+        while _signal is None:
+            alive = [t for t in threading.enumerate() if not t.daemon and t.is_alive()
+                     and t is not threading.current_thread() and t is not threading.main_thread()]
+            if not alive:
+                break
+            alive[0].join(0.05)
     finally:  # a Ctrl-C that stops the wait is Python's to report, after the teardown
         _exit_teardown()
 
 
 def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
-    """A multiprocessing child (spawn, forkserver) ends in BaseProcess._bootstrap, which
-    calls `util._exit_function()` (it SIGTERMs the daemonic children: DataLoader workers)
-    before threading's exit callbacks: the teardown comes first, with the code the child
-    will exit with (the exception run() raised is still being handled here)."""
+    """BaseProcess._bootstrap calls `util._exit_function()`, which SIGTERMs the daemonic
+    children (DataLoader workers), before threading's exit callbacks: a multiprocessing
+    child tears down here first, with the code run()'s outcome gives it."""
     global _mp_exitcode
     bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
     frame, code = sys._getframe(1), getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
@@ -348,23 +309,9 @@ def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
         frame = frame.f_back
     if frame is not None and _armed_pid == os.getpid() and not _exit_done:
         exc = sys.exc_info()[1]
-        _mp_exitcode = 0 if exc is None else 1 if not isinstance(exc, SystemExit) else (
-            0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1)
+        _mp_exitcode = 0 if exc is None else _code_of(exc.code) if isinstance(exc, SystemExit) else 1
         _on_exit_after_threads()
     return wrapped(*args, **kwargs)
-
-
-def _join_threads():
-    """Wait for the non-daemon threads, as Python does right after; a SIGTERM stops the wait."""
-    import threading
-
-    me = threading.current_thread()
-    while _signal is None:
-        alive = [t for t in threading.enumerate() if not t.daemon and t is not me and t.is_alive()
-                 and t is not threading.main_thread()]
-        if not alive:
-            return
-        alive[0].join(0.05)
 
 
 def _exit_teardown():
@@ -381,10 +328,9 @@ def _exit_teardown():
 # ---- signals (called by signals.py) -----------------------------------------------
 
 def on_signal(signum, ours=True):
-    """In a SIGTERM handler: no lock, no logging. Records the first signal (unless
-    another handler decides how the process ends: Ray's); the DataLoader workers die
-    with a process group (torchrun, SLURM): stop watching them first, or torch's
-    SIGCHLD handler raises "killed by signal" wherever we are."""
+    """In a SIGTERM handler (no lock, no logging): record the first signal, unless another
+    handler decides how the process ends (Ray's), and run the kinds' on_sigterm (the
+    DataLoader workers die with the process group)."""
     global _signal
     if _signal is None and ours:
         _signal = (signum, time.monotonic())
@@ -396,14 +342,6 @@ def on_signal(signum, ours=True):
                 pass
 
 
-def signal_taken():
-    return _signal
-
-
-def exiting():
-    return _exiting
-
-
 def is_stop(exc):
     """Is `exc` our SIGTERM unwind? A resource's own `__exit__` leaves it to the teardown."""
     stop = getattr(sys.modules.get("autoteardown.signals"), "Stop", None)
@@ -411,8 +349,7 @@ def is_stop(exc):
 
 
 def take_over(signum, at, why):
-    """The helper's rule 4 (signals.py): if no teardown is under way, one runs from a
-    runner now and then the process dies of the signal."""
+    """signals.py's rule 4: unless a teardown is under way, tear down and die of the signal."""
     if _busy.locked():
         return
     if _signal is None:
@@ -424,8 +361,7 @@ def take_over(signum, at, why):
         _finalize(at + config.TIMEOUT, why="SIGTERM")
         signals.end_process(signum)
 
-    if not _submit(work):
-        work()
+    run_soon(work)
 
 
 def exit_signal():
@@ -456,13 +392,16 @@ def ending():
         return 1, exc, type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else "exception"
     if _mp_exitcode is not None:
         return _mp_exitcode, None, "multiprocessing exit"
-    status = _left_main()
-    if status is not _NOTHING:
-        return 0 if status is None else status if isinstance(status, int) else 1, None, f"sys.exit({status!r})"
+    # Before 3.12 (_on_sys_exit) the sys.exit() call counts only if every frame from its
+    # caller up to __main__'s stopped where it was then: the SystemExit was not caught.
+    if _exit_status is not None and all(frame.f_lasti == lasti for frame, lasti in _exit_status[1]):
+        return _code_of(_exit_status[0]), None, f"sys.exit({_exit_status[0]!r})"
     return 0, None, "normal end" if _exiting else "finalize()"
 
 
-_NOTHING = object()
+def _code_of(status):
+    """The exit status of SystemExit(status): None 0, a message 1."""
+    return 0 if status is None else status if isinstance(status, int) else 1
 
 
 def _uncaught():
@@ -478,24 +417,9 @@ def _uncaught():
     return exc
 
 
-def _left_main():
-    """The code of the SystemExit that left __main__, or _NOTHING."""
-    if _exit_status is None:
-        return _NOTHING
-    status, frames = _exit_status
-    # Python < 3.12: believe the sys.exit() call only if every frame from its caller up to
-    # __main__'s stopped where it was then: the SystemExit was not caught on the way.
-    if any(frame.f_lasti != lasti for frame, lasti in frames):
-        return _NOTHING
-    return status
-
-
 def _track_exit():
-    """See the SystemExit that leaves __main__. Python 3.12+: sys.monitoring's PY_UNWIND
-    fires as it unwinds __main__'s frame (a bare `raise SystemExit(n)` too) and costs only
-    when an exception unwinds a frame. Before 3.12 (or with no free tool id): sys.exit()
-    is wrapped and a call is believed only if its SystemExit left __main__ (_left_main);
-    a bare `raise SystemExit(n)` is not seen there, and reads as 0 (README)."""
+    """See the SystemExit that leaves __main__: on 3.12+ sys.monitoring's PY_UNWIND (a bare
+    `raise SystemExit(n)` too); before (or with no free tool id) sys.exit() is wrapped."""
     global _monitoring_tool
     monitoring = getattr(sys, "monitoring", None)
     if monitoring is not None and _monitoring_tool is None:
@@ -514,8 +438,7 @@ def _track_exit():
 
 def _on_sys_exit(wrapped, instance, args, kwargs):
     global _exit_status
-    # Only the main thread's call ends the process: a thread that ends itself with
-    # sys.exit() (wandb.teardown() does, in a runner) does not.
+    # Only the main thread's call ends the process (wandb.teardown() calls it in a runner).
     if _thread.get_ident() == _main_ident():
         main, frames, frame = getattr(sys.modules.get("__main__"), "__dict__", None), [], sys._getframe(1)
         while frame is not None:
@@ -560,11 +483,9 @@ def disarm():
 # ---- fork safety -----------------------------------------------------------------------
 
 def _after_fork_in_child():
-    """A forked child starts with no resources, never finalizes its parent's, and has
-    the default SIGTERM until it records a resource of its own."""
+    """A fork child starts with no resources and the default SIGTERM until it records one."""
     global _lock, _busy, _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status
-    # Only the forking thread lives on in the child: a lock another thread held at the
-    # fork would never be released here (registry and importhook reset their own).
+    # Another thread's lock would never be released here (registry and importhook reset theirs).
     _lock, _busy = _thread.RLock(), _thread.allocate_lock()
     _finalizer, _signals_ready, _exiting, _exit_done, _signal, _exit_status = None, False, False, False, None, None
     _idle.clear()

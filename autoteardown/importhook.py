@@ -1,16 +1,7 @@
-"""Post-import hooks: run a function right after a module is first imported,
-or at once if it already is.
-
-This is wrapt's `register_post_import_hook`, cut down to what autoteardown
-needs. We do not call wrapt's own: `import wrapt` pulls in asyncio and
-importlib.metadata (50 to 80 ms on wrapt 2.5), and every Python process pays
-for `import autoteardown` when it sits in a sitecustomize. wrapt is still
-what does the wrapping, imported by the integrations once their target
-library is imported and that cost no longer shows.
-
-Hooks are named as "package.module:function" strings, so an integration's
-own module is imported only when its target library is. A hook never makes
-the user's import fail: errors are logged.
+"""Post-import hooks: run a function right after a module is first imported, or at once
+if it already is. A cut-down copy of wrapt's, whose import would cost every Python
+process 50-80 ms in a sitecustomize. Hooks are "package.module:function" strings, so
+an integration is imported only with its library; a hook never fails the user's import.
 """
 
 import os
@@ -60,13 +51,6 @@ def _call(hook, module):
         log.debug_exception("hook %s failed", hook)
 
 
-def _notify(module):
-    with _lock:
-        hooks = list(_hooks.get(module.__name__, ()))
-    for hook in hooks:
-        _call(hook, module)
-
-
 class _Finder:
     """A sys.meta_path finder that finds nothing itself: for a watched module it asks
     the other finders for the spec, then wraps the loader to call the hooks."""
@@ -97,11 +81,8 @@ class _Loader:
     def __init__(self, loader):
         self._loader = loader
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # create_module and the rest
         return getattr(self._loader, name)
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
 
     def exec_module(self, module):
         # Give the module its real loader back (importlib.resources and friends use it).
@@ -110,7 +91,10 @@ class _Loader:
         if getattr(module.__spec__, "loader", None) is self:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        _notify(module)
+        with _lock:
+            hooks = list(_hooks.get(module.__name__, ()))
+        for hook in hooks:
+            _call(hook, module)
 
 
 _FINDER = _Finder()

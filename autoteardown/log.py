@@ -1,12 +1,6 @@
-"""stdlib logging, imported only when something is actually logged.
-
-`import logging` costs several milliseconds, and every Python process pays for
-`import autoteardown` when it sits in a sitecustomize, so the logger is made on
-first use. Debug calls return at once unless AUTOTEARDOWN_DEBUG=1.
-
-With AUTOTEARDOWN_DEBUG=1 every line carries the pid (and the rank, when RANK
-or LOCAL_RANK is set), so the lines of torchrun ranks and DataLoader workers
-sharing one stderr can be told apart.
+"""stdlib logging, made on first use (`import logging` costs milliseconds). Debug calls
+return at once unless AUTOTEARDOWN_DEBUG=1, which also puts the pid (and rank) on
+every line, for ranks and workers sharing one stderr.
 """
 
 import os
@@ -14,8 +8,7 @@ import sys
 
 _debug = False
 _logger = None
-# Warnings already printed in this process tree: children inherit the environment, so a
-# spawn DataLoader worker or a torchrun rank does not repeat its parent's warning.
+# Warnings printed in this process tree: children inherit it and do not repeat them.
 TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
 
@@ -30,12 +23,6 @@ def is_debug():
     return _debug
 
 
-def where():
-    """'pid 123' or 'pid 123 rank 1': who prints this line."""
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    return f"pid {os.getpid()}" + (f" rank {rank}" if rank else "")
-
-
 def get_logger():
     global _logger
     if _logger is None:
@@ -44,7 +31,11 @@ def get_logger():
         class Formatter(logging.Formatter):
             def format(self, record):
                 line = super().format(record)
-                return line.replace("autoteardown: ", f"autoteardown: [{where()}] ", 1) if _debug else line
+                if not _debug:
+                    return line
+                rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+                where = f"pid {os.getpid()}" + (f" rank {rank}" if rank else "")
+                return line.replace("autoteardown: ", f"autoteardown: [{where}] ", 1)
 
         logger = logging.getLogger("autoteardown")
         if not logger.handlers:
@@ -73,9 +64,7 @@ _warned = set()
 
 
 def warning_once(msg, *args, tree=False):
-    """Warn once per distinct message (formatted, so two values give two lines).
-
-    tree=True: once per process tree; the processes this one starts stay quiet about it."""
+    """Warn once per formatted message; tree=True: once per process tree."""
     try:
         text = msg % args if args else msg
     except Exception:
@@ -97,14 +86,7 @@ def warning_once(msg, *args, tree=False):
     warning("%s", text)
 
 
-def failure(label, exc):
-    """One line for the user; the traceback only with AUTOTEARDOWN_DEBUG=1."""
-    warning("%s: %s: %s", label, type(exc).__name__, exc)
+def debug_exception(msg, *args, exc_info=True):
+    """A bug in the shim or a failing finalizer: its traceback only with AUTOTEARDOWN_DEBUG=1."""
     if _debug:
-        get_logger().debug("%s failed", label, exc_info=exc)
-
-
-def debug_exception(msg, *args):
-    """A bug in the shim or a failing finalizer: logged, never raised or printed as a traceback."""
-    if _debug:
-        get_logger().debug(msg, *args, exc_info=True)
+        get_logger().debug(msg, *args, exc_info=exc_info)

@@ -1,10 +1,6 @@
-"""The weak registry: what is alive now, by kind ("dataloader", "wandb", "ray").
-
-It holds weak references only, so recording a resource never keeps it alive. It
-belongs to one process: a forked child starts empty, and the kinds' fork callbacks get
-the parent's objects first so that the child never touches them (engine.py). The first
-record in a process arms the exit engine (`on_record`). Writers take the lock; readers
-do not (a dict copy is atomic under the GIL), so the signal handler may read.
+"""The weak registry of what is alive now, by kind. Weak references only, per process (a
+fork child starts empty, engine.py); the first record arms the engine (`on_record`).
+Readers take no lock (a dict copy is atomic under the GIL): the signal handler reads.
 """
 
 import os
@@ -24,7 +20,8 @@ def record(kind, obj):
     with _lock:
         _entries[id(obj)] = (kind, weak)
         if len(_entries) >= _prune_at:
-            _prune()
+            for key in [key for key, (_, weak) in _entries.items() if weak() is None]:
+                del _entries[key]
             _prune_at = max(64, 2 * len(_entries))
     if on_record is not None:
         on_record()
@@ -39,13 +36,10 @@ def forget(obj):
 
 def live(kind=None):
     """The recorded objects that are still alive, oldest first."""
-    entries = list(_entries.values())
-    objs = []
-    for entry_kind, ref in entries:
-        obj = ref()
-        if obj is not None and (kind is None or entry_kind == kind):
-            objs.append((entry_kind, obj))
-    return objs if kind is None else [obj for _, obj in objs]
+    objs = [(entry_kind, weak()) for entry_kind, weak in list(_entries.values())]
+    if kind is None:
+        return [(k, obj) for k, obj in objs if obj is not None]
+    return [obj for k, obj in objs if obj is not None and k == kind]
 
 
 def take_all():
@@ -53,13 +47,7 @@ def take_all():
     with _lock:
         entries = list(_entries.values())
         _entries.clear()
-    return [(kind, ref()) for kind, ref in entries if ref() is not None]
-
-
-def _prune():
-    dead = [key for key, (_, ref) in _entries.items() if ref() is None]
-    for key in dead:
-        del _entries[key]
+    return [(kind, weak()) for kind, weak in entries if weak() is not None]
 
 
 def size():

@@ -1,28 +1,19 @@
-"""The teardown report: what the exit engine did in this process, in words a user
-recognises, for AUTOTEARDOWN_DEBUG=1 (on stderr, through log.py, so every line carries
-the pid and rank) and AUTOTEARDOWN_REPORT=path.jsonl (one JSON line per process that
-recorded a resource, appended, for CI systems; an interrupted teardown writes its line
-too). Imported by the engine only when one of the two is set. Nothing here raises; a
-file that cannot be written is one warning naming it.
-
-The engine calls, in this order:
-    header(activation=None)          once per process, when it is armed
-    begin(trigger, code)             a teardown starts: what triggered it, the exit code handed on
-    step(kind, obj, outcome, s)      one per resource (obj None: the kind's after-all step)
-    end(seconds, interrupted=False)  the teardown is over
-Each integration names its resources (its `describe(obj)`; integrations.TABLE maps kinds).
+"""The teardown report, for AUTOTEARDOWN_DEBUG=1 (stderr) and AUTOTEARDOWN_REPORT=path.jsonl
+(one JSON line per process that recorded a resource). Imported by the engine only when
+one is set; nothing here raises. The engine calls header() once when armed, then per
+teardown begin(trigger, code), step(kind, obj, outcome, seconds) per resource (obj None:
+the kind's after-all step) and end(seconds, interrupted).
 """
 
 import functools
 import os
 import sys
-import time
 
 from . import config, log
 from .integrations import TABLE
 
 _header = None     # this process's header (dict), once armed
-_teardown = None   # the teardown under way: {"trigger", "code", "steps": [...]}
+_teardown = None   # the teardown under way
 _written = None    # pid that already appended its JSON line
 _AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)",
               "trackio": "its exit hook taken off (it would finish a run twice)"}
@@ -56,7 +47,7 @@ def header(activation=None):
 @_safe
 def begin(trigger, code):
     global _teardown
-    _teardown = {"trigger": trigger, "code": code, "started": time.time(), "steps": []}
+    _teardown = {"trigger": trigger, "code": code, "steps": []}
     log.debug("teardown started by %s; exit code handed on: %s", trigger, code)
 
 
@@ -74,10 +65,10 @@ def end(seconds, interrupted=False):
     teardown, _teardown = _teardown, None
     if teardown is None:
         return
-    steps, counts = teardown["steps"], {}
-    for s in steps:
-        word = s["outcome"].split(":")[0]
-        counts[word] = counts.get(word, 0) + 1
+    from collections import Counter
+
+    steps = teardown["steps"]
+    counts = Counter(s["outcome"].split(":")[0] for s in steps)
     summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or "nothing to do"
     log.debug("teardown %s in %.3fs: %s", "interrupted" if interrupted else "done", seconds, summary)
     # One line per process: a later teardown that finds nothing to do adds none.
@@ -86,22 +77,18 @@ def end(seconds, interrupted=False):
         line.update(trigger=teardown["trigger"], code=teardown["code"], seconds=round(seconds, 4), steps=steps)
         if interrupted:
             line["interrupted"] = True
-        _append(config.REPORT, line)
+        import json
+
+        try:  # one write() of an O_APPEND file: the lines of ranks sharing it never interleave
+            fd = os.open(config.REPORT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, (json.dumps(line, default=str) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning_once("AUTOTEARDOWN_REPORT=%s cannot be written (%s); no report", config.REPORT,
+                             exc.strerror or exc)
         _written = os.getpid()
-
-
-def _append(path, line):
-    import json
-
-    text = json.dumps(line, default=str) + "\n"
-    try:  # one write() of an O_APPEND file: the lines of ranks sharing it never interleave
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        log.warning_once("AUTOTEARDOWN_REPORT=%s cannot be written (%s); no report", path, exc.strerror or exc)
 
 
 def describe(kind, obj):

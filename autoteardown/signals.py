@@ -1,38 +1,25 @@
-"""SIGTERM, the one helper thread, and the one way to end a process early.
+"""SIGTERM, the one helper thread, and the one way to end a process early. The rules:
 
-The rules (README "How it works" says them for users):
+1. The handler takes no lock and cannot block: it records the signal, wakes the helper
+   and may raise. It is installed only over the default, in the main thread; called by
+   a handler that replaced it, it returns at once: that one decides.
+2. It unwinds the main thread once with `Stop`, SystemExit(128 + signum), so `finally`
+   blocks run and locks are released; the exit hook (engine.py) tears down and the
+   process dies of the signal, its status without the shim.
+3. The unwind is raised where it cannot be lost: at the end of a `critical` section
+   (multiprocessing's fd handoff with a DataLoader worker); again after a finalizer
+   that swallowed it; never once the exit has begun. A resource's own `__exit__` leaves
+   it to the teardown (engine.is_stop).
+4. The helper bounds what cannot be unwound: no unwind within WAIT_FOR_MAIN_THREAD (C
+   code), or no teardown at half the deadline (swallowed): it tears down and ends the
+   process. TIMEOUT + 1 s after the signal the process ends whatever still runs.
+5. `end_process` alone ends a process early, after the multiprocessing children it
+   started (a ProcessPoolExecutor's workers).
+6. One helper thread per process keeps every timer (`alarm`) and runs what a handler
+   hands it (`soon`: Ray's chained handler, ray_worker.py); it is joined before its
+   pipe is closed. A fork child has the default SIGTERM, no helper and no timers.
 
-1. The handler does no work, takes no lock and cannot block: it records the signal,
-   writes a byte to the helper's pipe and may raise. Ours is installed only while
-   SIGTERM's handler is the default, in the main thread; called by a handler that
-   replaced ours (Lightning, ddtrace-style chaining), it returns at once: the caller
-   decides how the process ends.
-2. As the process's own handler it unwinds the main thread once with `Stop`, a
-   SystemExit(128 + signum): the unwinding releases the locks the interrupted code
-   held and runs its `finally` blocks; the exit hook (engine.py) then tears down and
-   the process dies of the signal, the status it has without the shim.
-3. The unwind is raised where it cannot be lost. Inside a critical section (an
-   integration marks one with `critical`: multiprocessing's file-descriptor handoff
-   with a DataLoader worker) it is raised when the section ends. Raised inside a
-   finalizer (`__del__`, a weakref or gc callback), Python swallows it as unraisable:
-   it is raised again at the next bytecode outside. Once the exit has begun it is not
-   raised: the exit hook tears down and dies of the signal. A resource that would
-   treat it as an error in its own `__exit__` is ended by the teardown instead
-   (engine.is_stop).
-4. What cannot be unwound, the helper thread bounds: if no unwind was raised within
-   WAIT_FOR_MAIN_THREAD (the main thread is stuck in C code, or the exit had begun),
-   or the teardown has not begun at half the deadline (the SystemExit was swallowed,
-   or the unwinding is slow), the helper tears down and ends the process itself.
-   TIMEOUT + 1 s after the signal the process ends whatever still runs.
-5. `end_process` is the only place that ends a process early: it ends the
-   multiprocessing children the process started (a ProcessPoolExecutor's workers),
-   then dies of the signal or exits with the code.
-6. One helper thread per process keeps every timer (`alarm`); it is stopped and joined
-   before its pipe is closed. A fork child gets the default SIGTERM back and starts
-   with no helper and no timers.
-
-Imported by engine.arm(), never at `import autoteardown`: `signal` costs more than
-the rest of it.
+Imported by engine.arm(), not at `import autoteardown`: `signal` costs more than the rest.
 """
 
 import collections
@@ -43,10 +30,10 @@ import sys
 import threading
 import time
 
-from . import log
+from . import config, log
 
 WAIT_FOR_MAIN_THREAD = 1.0
-CHILDREN_GRACE = 1.0  # what end_process gives the children it ends before it kills them
+CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
 _engine = None
 _pid = None           # the process whose helper thread runs
 _installed = None     # our handler is SIGTERM's (main thread only); None: not decided yet
@@ -70,7 +57,7 @@ class Stop(SystemExit):
 def install(engine):
     """Route SIGTERM to us if its handler is the default (main thread only; False
     elsewhere: arm() asks again later) and start the helper thread."""
-    global _engine, _installed
+    global _engine, _installed, _own_wakeup
     _engine = engine
     _start_helper()
     if threading.get_ident() != _main:
@@ -80,7 +67,13 @@ def install(engine):
             _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
             if _installed:
                 signal.signal(signal.SIGTERM, _handler)
-                _take_wakeup_fd()
+                try:
+                    previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
+                    _own_wakeup = previous == -1
+                    if not _own_wakeup:  # someone else's (asyncio): keep it theirs
+                        signal.set_wakeup_fd(previous)
+                except ValueError:
+                    pass
             else:
                 log.debug("SIGTERM already has a handler; leaving it alone")
         except (ValueError, OSError):
@@ -100,8 +93,7 @@ def uninstall():
 
 
 def reset_in_child():
-    """A fork child: the default SIGTERM again, no helper (the thread is not here), no
-    timers, and never a byte into the parent's pipe."""
+    """A fork child: the default SIGTERM, no helper, no timers, none of the parent's pipe."""
     global _installed, _lock, _main, _hold, _pending, _raised, _resend
     if signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -120,7 +112,7 @@ def _handler(signum, frame):
         return  # called by the handler that replaced ours: it decides
     _engine.on_signal(signum)
     _wake()
-    if not _raised and not _engine.exiting():
+    if not _raised and not _engine._exiting:
         if _hold:
             _pending = True  # raised when the critical section ends
         else:
@@ -149,13 +141,11 @@ def critical(wrapped, instance, args, kwargs):
 
 
 def on_unraisable(wrapped, instance, args, kwargs):
-    """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is
-    raised again at the next bytecode (the signal handler runs there); it is not printed."""
+    """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is not
+    printed; the helper sends SIGTERM again once the main thread has left this hook."""
     global _resend
     unraisable = args[0] if args else kwargs.get("unraisable")
     if isinstance(getattr(unraisable, "exc_value", None), Stop) and _installed:
-        # Not from here (the handler would raise inside this hook): the helper sends it
-        # again, and only then counts it as not raised.
         _resend = True
         _wake()
         return None
@@ -165,31 +155,14 @@ def on_unraisable(wrapped, instance, args, kwargs):
 # ---- ending a process ----------------------------------------------------------
 
 def end_process(signum=None, code=0):
-    """End this process now: end the multiprocessing children it started, then die of
+    """End this process now: SIGTERM the multiprocessing children it started (a pool's
+    workers, orphaned without the shim), SIGKILL them after CHILDREN_GRACE, then die of
     `signum` as its default action would, or exit with `code`."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    _end_children()
-    if signum is not None:
-        try:
-            signal.signal(signum, signal.SIG_DFL)
-        except ValueError:  # not the main thread: the signal module refuses, libc does not
-            import ctypes
-
-            ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
-        os.kill(os.getpid(), signum)
-        time.sleep(1)
-        code = 128 + signum
-    os._exit(code)
-
-
-def _end_children():
-    """SIGTERM the multiprocessing children still running (a pool's workers: without the
-    shim a stopped parent leaves them orphaned), wait CHILDREN_GRACE, then SIGKILL."""
     children = [p for p in getattr(sys.modules.get("multiprocessing.process"), "_children", ())
                 if getattr(p, "_parent_pid", None) == os.getpid()]
     for method in ("terminate", "kill"):
@@ -206,13 +179,25 @@ def _end_children():
             except Exception:
                 pass
         children = [p for p in children if p.exitcode is None]
+    if signum is not None:
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except ValueError:  # not the main thread: the signal module refuses, libc does not
+            import ctypes
+
+            ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        os.kill(os.getpid(), signum)
+        time.sleep(1)
+        code = 128 + signum
+    os._exit(code)
 
 
 # ---- the helper thread ------------------------------------------------------------
 
 def alarm(when, action):
-    """Call action() in the helper thread at time.monotonic() `when` (it must not block:
-    hand blocking work to a runner); a token for cancel()."""
+    """Call action() (which must not block) in the helper thread at monotonic time `when`;
+    a token for cancel()."""
     token = [when, action]
     with _lock:
         _alarms.append(token)
@@ -247,17 +232,6 @@ def _start_helper():
         _pid, _pipe = os.getpid(), (read_fd, write_fd)
         _helper = threading.Thread(target=_serve, args=(read_fd,), name="autoteardown-helper", daemon=True)
         _helper.start()
-
-
-def _take_wakeup_fd():
-    global _own_wakeup
-    try:
-        previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
-        _own_wakeup = previous == -1
-        if not _own_wakeup:  # the fd is someone else's (asyncio): keep it theirs
-            signal.set_wakeup_fd(previous)
-    except ValueError:
-        pass
 
 
 def _stop_helper(join):
@@ -318,13 +292,16 @@ def _serve(read_fd):
         # The wakeup fd carries every Python-handled signal's number; ours, a zero byte.
         if not watched and (_engine is not None and _engine.exit_signal() is not None or (
                 signal.SIGTERM in data and _own_wakeup and signal.getsignal(signal.SIGTERM) is _handler)):
-            watched = True
-            _watch(now)
+            watched = True  # the deadlines of rule 4, counted from when the signal came
+            signum, at = _engine._signal or (signal.SIGTERM, now)
+            alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
+            alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
+            alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
 
 
 def _resend_signal():
-    """Send the swallowed SIGTERM again once the main thread has left the unraisable hook
-    (there, the handler would raise into the hook). False: not yet."""
+    """Send the swallowed SIGTERM again, unless the main thread is still in the
+    unraisable hook (the handler would raise into it): then False."""
     global _resend, _raised
     if main_thread_in(on_unraisable.__code__):
         return False
@@ -339,13 +316,3 @@ def main_thread_in(code):
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return frame is not None
-
-
-def _watch(now):
-    """Deadlines of the SIGTERM under way (rule 4), counted from when it came."""
-    from . import config
-
-    signum, at = _engine.signal_taken() or (signal.SIGTERM, now)
-    alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
-    alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
-    alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))

@@ -3,12 +3,9 @@
 
     PYTHONPATH=$(autoteardown sitecustomize-path) python train.py
 
-`autoteardown run` does the same for you. Python imports only the first
-`sitecustomize` it finds, so this one then runs the one it shadows (a venv's or
-the system's), if there is one; an error in that one is reported as Python
-reports it, naming its file, and does not stop the interpreter's start.
-Stdlib only until autoteardown is imported, so the shadowed one runs even if
-autoteardown cannot be imported.
+Python imports only the first `sitecustomize`, so this one then runs the one it shadows,
+if any, and reports an error in it as site.py would. Stdlib only until autoteardown is
+imported, so the shadowed one runs even if autoteardown cannot be imported.
 """
 
 
@@ -21,14 +18,8 @@ def _activate(own_file):
     except Exception as exc:  # never break the interpreter's start
         sys.stderr.write(f"autoteardown: not activated: {type(exc).__name__}: {exc} "
                          f"(sitecustomize in {os.path.dirname(os.path.abspath(own_file))})\n")
-    _run_shadowed(own_file)
-
-
-def _run_shadowed(own_file):
     import importlib.machinery
     import importlib.util
-    import os
-    import sys
 
     own = os.path.abspath(own_file)
     for entry in sys.path:
@@ -36,9 +27,7 @@ def _run_shadowed(own_file):
             spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry or os.curdir])
         except Exception:
             continue
-        if spec is None or spec.loader is None or not spec.origin:
-            continue
-        if os.path.abspath(spec.origin) == own:
+        if spec is None or spec.loader is None or not spec.origin or os.path.abspath(spec.origin) == own:
             continue
         try:
             with open(spec.origin, "rb") as f:
@@ -49,8 +38,7 @@ def _run_shadowed(own_file):
         try:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-        except Exception as err:
-            # As site.py reports an error in a sitecustomize: it is yours, not autoteardown's.
+        except Exception as err:  # yours, not autoteardown's: reported as site.py does
             if sys.flags.verbose:
                 sys.excepthook(*sys.exc_info())
             else:

@@ -1,18 +1,14 @@
-"""The integrations: one table, and the contract every integration module keeps.
+"""The integration table, and the contract every integration module keeps.
 
-TABLE says, for each integration, which imports trigger it, what it looks after
-(for the one warning when it is off), and the distributions whose installed versions
-must lie in [minimum, below). The version checks, `autoteardown doctor`, the report (each
-module's `describe(obj)`, found by kind) and the contract tests all read it. Each integration is a module here with ddtrace's
-contract: `patch()` (idempotent: patches what is imported now), `unpatch()` (restores by
-identity) and `get_version()`. Its module is imported only when one of its trigger
-modules is, through the post-import hooks set up by `autoteardown.install()`.
-
-Adding an integration is adding a row here and a module (see README "Adding an
-integration"): `patch()` returns at once unless `supported(NAME)`, wraps with `Patches`,
-records each resource (`registry.record`), declares how to finalize it
-(`engine.register_kind`) and names it for the report (`describe(obj)`).
+TABLE gives each integration its resource kind, the imports that trigger it, what it
+looks after (for the warning when it is off) and the distributions whose versions must
+lie in [minimum, below); the version checks, doctor, the report and the tests read it.
+Each module here keeps ddtrace's contract: `patch()` (idempotent; returns at once
+unless `supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, and
+`describe(obj)` for the report. It is imported only when a trigger module is.
 """
+
+import sys
 
 # name: (resource kind, trigger modules, what it looks after, (distribution, minimum, below)...)
 TABLE = {
@@ -33,10 +29,6 @@ TABLE = {
 TRIGGERS = {name: row[1] for name, row in TABLE.items()}
 
 
-def hook_name(integration):
-    return f"autoteardown.integrations.{integration}:patch"
-
-
 def supported_range(name):
     """'wandb >=0.22,<0.32' (for doctor and the README)."""
     return ", ".join(f"{dist} >={low}" + (f",<{high}" if high else "") for dist, low, high in TABLE[name][3:])
@@ -44,20 +36,12 @@ def supported_range(name):
 
 def get_version(name):
     """The installed version of the integration's first installed distribution, or None."""
-    for distribution, _, _ in TABLE[name][3:]:
-        found = installed_version(distribution)
-        if found is not None:
-            return found
-    return None
+    return next(filter(None, (installed_version(dist) for dist, _, _ in TABLE[name][3:])), None)
 
 
 def unsupported_reason(name):
     """None when every installed distribution of the integration is in its range, else why."""
-    for distribution, minimum, below in TABLE[name][3:]:
-        reason = check_version(distribution, minimum, below)
-        if reason:
-            return reason
-    return None
+    return next(filter(None, (check_version(*row) for row in TABLE[name][3:])), None)
 
 
 def supported(name):
@@ -71,10 +55,8 @@ def supported(name):
 
 
 class Patches:
-    """What an integration wrapped, so that its unpatch() can put it back.
-
-    Restored by identity, as ddtrace's `unwrap`: only where the attribute is still
-    our wrapper, never over a wrapper someone else put on top of ours."""
+    """What an integration wrapped, so that its unpatch() can put it back: by identity,
+    as ddtrace's `unwrap`, never over a wrapper put on top of ours."""
 
     def __init__(self):
         self._patched = []  # (class or module, attribute name, original, our wrapper)
@@ -88,20 +70,16 @@ class Patches:
         original = vars(owner)[name]
         wrapt.wrap_function_wrapper(owner, name, wrapper)
         self._patched.append((owner, name, original, vars(owner)[name]))
-        _log_patched(owner, name)
+        _debug("patched %s.%s", owner, name)
         return True
 
     def rebind(self, original, wrapper, package):
-        """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init;
-        torch.distributed re-exports distributed_c10d's functions): every attribute of a
-        module of `package` that is `original` gets the same wrapt FunctionWrapper.
-        The number of names rebound."""
-        import sys
-
+        """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init):
+        every attribute of a module of `package` that is `original` gets one FunctionWrapper."""
         import wrapt
 
         if any(orig is original for _, _, orig, _ in self._patched):
-            return 0
+            return
         ours = wrapt.FunctionWrapper(original, wrapper)
         for module_name, module in list(sys.modules.items()):
             if module is None or not (module_name == package or module_name.startswith(package + ".")):
@@ -110,31 +88,24 @@ class Patches:
                 if value is original:
                     setattr(module, name, ours)
                     self._patched.append((module, name, original, ours))
-                    _log_patched(module, name)
-        return sum(orig is original for _, _, orig, _ in self._patched)
+                    _debug("patched %s.%s", module, name)
 
     def restore(self):
-        from .. import log
-
         for owner, name, original, ours in reversed(self._patched):
             if vars(owner).get(name) is ours:
                 setattr(owner, name, original)
             else:
-                log.debug("%s.%s was replaced after we wrapped it; left as it is", _qualname(owner), name)
+                _debug("%s.%s was replaced after we wrapped it; left as it is", owner, name)
         self._patched.clear()
 
     def __bool__(self):
         return bool(self._patched)
 
 
-def _qualname(owner):
-    return getattr(owner, "__qualname__", getattr(owner, "__name__", owner))
-
-
-def _log_patched(owner, name):
+def _debug(msg, owner, name):
     from .. import log
 
-    log.debug("patched %s.%s", _qualname(owner), name)
+    log.debug(msg, getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
 
 
 def version_tuple(text):
@@ -151,8 +122,7 @@ def version_tuple(text):
 
 
 def installed_version(distribution):
-    """The installed version of `distribution`, or None. From package metadata, so
-    doctor can ask before anything is imported."""
+    """The installed version of `distribution` (from its metadata: nothing is imported), or None."""
     import importlib.metadata
 
     try:

@@ -1,21 +1,10 @@
-"""torch.distributed process groups: destroy the ones this process created.
+"""torch.distributed process groups: destroy the ones this process created, rather than
+leave them to the C++ destructors (NCCL warns or hangs, gloo can SIGABRT).
 
-A script that never calls `destroy_process_group()` leaves its groups to the
-C++ destructors at interpreter teardown. Recent torch warns there with NCCL
-("process group has NOT been destroyed before we destruct ProcessGroupNCCL")
-and NCCL can hang the exit; with gloo (torch 2.13, CPU) 5 of 20 two-rank runs
-had a rank die of SIGABRT ("terminate called without an active exception").
-We record the groups made by `init_process_group` and `new_group` and destroy
-them at order 15: after DataLoader workers (10), before wandb runs (30).
-
-`destroy_process_group()` on the default group shuts down every group (those of
-`split_group` too), in an order that is the same on every rank; a subgroup
-recorded after it is then already gone. It runs no collective: a barrier at exit
-could wait forever for a rank that exits for another reason. A backend that
-blocks anyway is bounded by the engine's deadline.
-
-`import torch` imports torch.distributed (torch 2.13), so this runs with torch:
-it only wraps functions and imports nothing more.
+Groups made by `init_process_group` and `new_group` are destroyed at order 15, after
+DataLoader workers. Destroying the default group destroys every other, in the same
+order on every rank; no barrier or collective, so no rank waits for another. This
+runs with `import torch` (it imports torch.distributed): it only wraps functions.
 """
 
 import sys
@@ -53,8 +42,7 @@ def _record_group(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:
         dist = sys.modules["torch.distributed"]
-        # init_process_group returns None; new_group returns an int sentinel on
-        # ranks outside the group (GroupMember.NON_GROUP_MEMBER).
+        # new_group returns an int sentinel on ranks outside the group (_record skips it).
         _record(dist.group.WORLD if wrapped.__name__ == "init_process_group" else result)
     except Exception:
         log.debug_exception("could not record the group made by %s", wrapped.__name__)

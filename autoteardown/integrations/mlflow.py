@@ -1,26 +1,13 @@
 """MLflow runs: end each one with the status the process really ends with, in bounded time.
 
-mlflow ends runs at exit from `atexit.register(_safe_end_run)`: `end_run()`, status
-FINISHED, for the top of the *calling thread's* active-run stack only (mlflow 3 keeps
-one stack per thread; 2.10 one global list). So an exception, sys.exit(3) and Ctrl-C
-all record FINISHED, SIGTERM leaves the run RUNNING, and so does a run of another
-thread; against a tracking server that is gone, `end_run()` retries for minutes
-(README "MLflow runs" has the figures).
-
-We wrap `mlflow.start_run` (where `mlflow` and `mlflow.tracking.fluent` bind it) and
-record each ActiveRun with the stack it was pushed on, so runs of any thread, nested
-and resumed ones too, are seen. At exit (order 28: one or two quick store calls, so
-before wandb's teardown, which can take seconds) each run still on its stack is taken
-off it first, so that mlflow's own hook and a tracker's later `end_run()` (verl and
-SkyRL end runs in `__del__`) find nothing to end again, then ended FINISHED, FAILED or
-KILLED. A run the user ended is left alone: `end_run()` and `with` take it off the
-stack; one ended through `MlflowClient.set_terminated` shows a terminal status when we
-look it up. Runs made by `MlflowClient.create_run` are not recorded: that API leaves
-ending the run to the caller, and handing its id to another process is an ordinary use.
-
-Bounded: mlflow's HTTP retries, backoff and timeout are cut to the step's budget for
-the teardown's own requests only (a wrapper of `rest_utils.http_request` that passes
-them as arguments), so the user's settings and calls are untouched.
+mlflow's own atexit hook ends only the calling thread's top run, always FINISHED. We
+record each run `mlflow.start_run` makes with the stack it was pushed on (any thread,
+nested, resumed). At exit (order 28: quick store calls, before wandb's teardown) each
+run still on its stack is taken off it first, so that mlflow's hook and a tracker's
+later `end_run()` find nothing to end, then ended FINISHED, FAILED or KILLED. A run
+the user ended (off its stack, or terminal in the store) is left alone.
+`MlflowClient.create_run` runs are not recorded: their id may be another process's.
+The teardown's own HTTP requests get retries and timeouts cut to the step's budget.
 """
 
 import sys
@@ -104,24 +91,15 @@ def _record(run, stack):
         if _runs.get(key, (None,))[0] is dead:
             _runs.pop(key, None)
 
-    # The stack itself, not the thread: mlflow keeps a dead thread's stack only in a
-    # dict keyed by thread ident, which a new thread with the same ident overwrites.
-    # The URI too: a later set_tracking_uri() must not send our end to another store.
+    # The stack, not the thread: a new thread with a dead one's ident replaces its stack.
+    # The URI: a later set_tracking_uri() must not send our end to another store.
     _runs[key] = (ref(run, drop), stack, mlflow.get_tracking_uri())
     registry.record(KIND, run)
 
 
 def forget_in_child(run):
-    # mlflow 3 resets its per-thread stacks in a fork child; the parent's runs are the
-    # parent's to end, so the child forgets them too.
+    # The parent's runs are the parent's to end (mlflow 3 resets its stacks in the child).
     _runs.pop(id(run), None)
-
-
-def _status():
-    code, exception, _ = engine.ending()
-    if isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None:
-        return "KILLED"
-    return "FINISHED" if code == 0 and exception is None else "FAILED"
 
 
 def end_run(run, timeout):
@@ -132,19 +110,17 @@ def end_run(run, timeout):
     index = next((i for i, r in enumerate(stack) if r is run), None)
     if index is None:
         return None  # ended by the user: end_run() or the end of a `with` block
-    # Off the stack before any call that can hang, so that mlflow's atexit hook (and a
-    # tracker's end_run() in __del__) cannot end it again, as FINISHED, later. Nested
-    # runs still open above it go first, innermost first, as end_run() would.
+    # Off the stack before any call that can hang; nested runs above it end first.
     ending = stack[index:]
     del stack[index:]
-    status, outcomes = _status(), []
+    code, exception, _ = engine.ending()
+    killed = isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None
+    status = "KILLED" if killed else "FINISHED" if code == 0 and exception is None else "FAILED"
     _deadlines[_thread.get_ident()] = time.monotonic() + timeout
     try:
-        for each in reversed(ending):
-            outcomes.append(_end(each.info.run_id, status, uri))
+        return ", ".join([_end(each.info.run_id, status, uri) for each in reversed(ending)])
     finally:
         _deadlines.pop(_thread.get_ident(), None)
-    return ", ".join(outcomes)
 
 
 def _end(run_id, status, uri):
@@ -159,8 +135,8 @@ def _end(run_id, status, uri):
             return "deleted"  # mlflow.delete_run(): the store refuses to update it
         client.set_terminated(run_id, status)
     except Exception as exc:
-        message = str(exc).strip().splitlines()
-        log.warning("mlflow run %s left RUNNING: %s: %s", run_id, type(exc).__name__, message[0][:200] if message else "")
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        log.warning("mlflow run %s left RUNNING: %s: %s", run_id, type(exc).__name__, first)
         return f"left RUNNING: {type(exc).__name__}"
     fluent = sys.modules.get("mlflow.tracking.fluent")
     monitor = getattr(fluent, "run_id_to_system_metrics_monitor", {}).pop(run_id, None)
@@ -170,9 +146,8 @@ def _end(run_id, status, uri):
 
 
 def _bounded_request(wrapped, instance, args, kwargs):
-    """The teardown's requests: three per run at most (our look-up, set_terminated's
-    look-up of the run's URL, the update), each a third of the time left, one
-    immediate retry for a connection the server dropped."""
+    """The teardown's requests (three per run at most): each a third of the time left,
+    one immediate retry for a dropped connection."""
     deadline = _deadlines.get(_thread.get_ident())
     if deadline is not None:
         left = deadline - time.monotonic()
@@ -182,8 +157,6 @@ def _bounded_request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def describe(obj):
-    info = getattr(obj, "info", None)
-    run_id = getattr(info, "run_id", None) or getattr(obj, "run_id", None) or (obj if isinstance(obj, str) else None)
-    name = getattr(info, "run_name", None)
-    return (f"run {run_id}" + (f" ({name})" if name else "")) if run_id else None
+def describe(run):
+    info = run.info
+    return f"run {info.run_id}" + (f" ({info.run_name})" if info.run_name else "")

@@ -1,18 +1,10 @@
-"""DataLoader worker iterators: shut their workers down before torch's exit hook.
+"""DataLoader worker iterators: shut their workers down before torch's exit hook, after
+which `_shutdown_workers()` does nothing and multiprocessing SIGTERMs the workers.
 
-torch's own atexit hook sets `_utils.python_exit_status`, after which
-`_shutdown_workers()` does nothing; multiprocessing's exit function then SIGTERMs
-the still-running workers, and a library that kills child processes later in the
-exit (Ray does) makes torch's SIGCHLD handler print "DataLoader worker (pid N) is
-killed by signal". So we shut the workers down first.
-
-We wrap `_get_iterator` on DataLoader and on torchdata's StatefulDataLoader:
-`__iter__` makes every iterator through it, and so does torchdata's `state_dict()`.
-torchdata's multi-process iterator is a copy of torch's, not a subclass, so
-iterators are recognised by their `_workers` attribute. multiprocessing's
-file-descriptor handoff (how a worker passes a batch's tensors) is a critical
-section for the SIGTERM unwind (signals.py): cut half-way, the worker prints
-ConnectionResetError.
+Iterators are recorded where `__iter__` and torchdata's `state_dict()` make them
+(`_get_iterator`), and told apart by their `_workers` (torchdata's is a copy of
+torch's, not a subclass). multiprocessing's fd handoff with a worker is a critical
+section for the SIGTERM unwind (signals.py): cut half-way, the worker raises.
 """
 
 import sys
@@ -69,10 +61,8 @@ def _record_iterator(wrapped, instance, args, kwargs):
 
 
 def forget_in_child(it):
-    # In a fork child the iterator's events and queues are shared with the parent:
-    # shutting it down (even from __del__) would stop the parent's workers and hang its
-    # next(). Mark it done so the child never does; multiprocessing believes the
-    # parent's workers are ours, and its exit function would SIGTERM them.
+    # Its events and queues are the parent's: mark it done so the child never shuts it
+    # down, and take the parent's workers off multiprocessing's list, which would SIGTERM them.
     it._shutdown = True
     it._worker_pids_set = False
     children = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
@@ -81,50 +71,42 @@ def forget_in_child(it):
 
 
 def unwatch_workers(it):
-    # The process is ending of SIGTERM: workers dying now are no error to report (without
-    # us the process would be gone already). torch's _shutdown_workers() does this first.
+    # Workers dying with the process are no error to report (torch's _shutdown_workers() does this first).
     if getattr(it, "_worker_pids_set", False):
         it._worker_pids_set = False  # first: a second call must not remove them twice (torch raises)
         sys.modules["torch.utils.data._utils.signal_handling"]._remove_worker_pids(id(it))
 
 
 def shutdown_workers(it, timeout):
-    """Tell every worker to stop, then wait once: torch's `_shutdown_workers()` joins
-    them one after another with 5 s each, so N stuck workers cost N x 5 s. Half the
-    budget to stop; a worker still running then is killed, so torch's own shutdown,
-    which follows, returns at once."""
+    """Tell every worker to stop, then wait once, half the budget (torch joins them one
+    by one, 5 s each); kill what still runs, so torch's own shutdown returns at once."""
     if getattr(it, "_shutdown", True):
         return
+    until = time.monotonic() + timeout / 2
     try:
-        _stop_all(it, time.monotonic() + timeout / 2)
+        # As torch does: the pin-memory thread first, since workers exiting can leave
+        # half-written data in the queue it reads.
+        thread = getattr(it, "_pin_memory_thread", None)
+        if thread is not None:
+            it._pin_memory_thread_done_event.set()
+            it._worker_result_queue.put((None, None))
+            thread.join(max(0.0, until - time.monotonic()))
+        it._workers_done_event.set()
+        for worker_id, _ in enumerate(it._workers):
+            if it._persistent_workers or it._workers_status[worker_id]:
+                it._mark_worker_as_unavailable(worker_id, shutdown=True)
+        for w in it._workers:  # every worker has been told: these joins share one deadline
+            w.join(max(0.0, until - time.monotonic()))
+        stuck = [w for w in it._workers if w.exitcode is None]
+        for w in stuck:
+            w.kill()
+        for w in stuck:
+            w.join(1.0)
+        if stuck:
+            log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
-    # Marks the iterator shut down, closes the queues, removes the worker pids from
-    # torch's SIGCHLD handler and terminates any worker still alive.
-    it._shutdown_workers()
-
-
-def _stop_all(it, until):
-    # As torch does: the pin-memory thread first, since workers exiting can leave
-    # half-written data in the queue it reads.
-    thread = getattr(it, "_pin_memory_thread", None)
-    if thread is not None:
-        it._pin_memory_thread_done_event.set()
-        it._worker_result_queue.put((None, None))
-        thread.join(max(0.0, until - time.monotonic()))
-    it._workers_done_event.set()
-    for worker_id, _ in enumerate(it._workers):
-        if it._persistent_workers or it._workers_status[worker_id]:
-            it._mark_worker_as_unavailable(worker_id, shutdown=True)
-    for w in it._workers:  # every worker has been told: these joins share one deadline
-        w.join(max(0.0, until - time.monotonic()))
-    stuck = [w for w in it._workers if w.exitcode is None]
-    for w in stuck:
-        w.kill()
-    for w in stuck:
-        w.join(1.0)
-    if stuck:
-        log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
+    it._shutdown_workers()  # torch's bookkeeping
 
 
 def describe(it):

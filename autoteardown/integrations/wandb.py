@@ -1,16 +1,9 @@
-"""wandb runs: finish each one with the process's true exit code, before wandb's own exit hook.
+"""wandb runs: finish each one with the process's exit code, before wandb's own exit hook.
 
-wandb finishes runs from an atexit hook that its first `wandb.init` registers when
-it starts wandb-core (README "wandb runs" lists what that leaves out, measured). The
-engine runs us before any atexit callback: we finish every run this process created
-(`reinit="create_new"` runs too; `wandb.run` holds only the latest), then call
-`wandb.teardown()`, which unregisters wandb's atexit hook and waits for wandb-core to
-write and exit. A later `finish()` is then a no-op.
-
-The exit code is the engine's (`engine.ending()`). We leave `sys.excepthook` alone:
-wandb's prints the traceback and then calls any hook that is not the default, so the
-user's traceback would print twice. `Run.__exit__` does not see our SIGTERM unwind: it
-would print it as a traceback and record exit code 1; the teardown records 143.
+Every run this process created is finished (`wandb.run` holds only the latest), then
+`wandb.teardown()` unregisters wandb's atexit hook and waits for wandb-core. Not
+`sys.excepthook`: wandb's calls a non-default one after printing, so tracebacks would
+print twice.
 """
 
 import os
@@ -37,9 +30,12 @@ def patch():
     _patches.rebind(wandb_init.init, _record_run, "wandb")
     _patches.wrap(wandb_run.Run, "__exit__", _exit_unless_stopped)
     engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
-    # Runs started before we were imported are not seen by the patched init.
-    for run in _active_runs():
-        _record(run)
+    setup = _setup()  # runs started before we were imported
+    if setup is not None:
+        with setup._active_runs_lock:
+            runs = list(setup._active_runs)
+        for run in runs:
+            _record(run)
 
 
 def unpatch():
@@ -62,8 +58,7 @@ def _exit_unless_stopped(wrapped, instance, args, kwargs):
 
 
 def _record(run):
-    # Only private attributes here: in a fork child, any public Run property
-    # silently attaches the child to the parent's run (wandb 0.31 `_attach`).
+    # Private attributes only: in a fork child, public Run properties attach to the parent's run.
     settings = getattr(run, "_settings", None)
     if getattr(settings, "_noop", False) or getattr(run, "_init_pid", None) != os.getpid():
         return  # WANDB_MODE=disabled, or the parent's run
@@ -74,14 +69,6 @@ def _setup():
     """wandb's per-process singleton, or None (it is stale in a fork child)."""
     setup = getattr(sys.modules.get("wandb.sdk.wandb_setup"), "_singleton", None)
     return setup if setup is not None and setup._pid == os.getpid() else None
-
-
-def _active_runs():
-    setup = _setup()
-    if setup is None:
-        return []
-    with setup._active_runs_lock:
-        return list(setup._active_runs)
 
 
 def _core_status():
@@ -106,8 +93,7 @@ def finish_run(run, timeout):
         return None
     run._console_stop()  # else wandb's console capture sends our warning to the dead socket
     _warn_core_ended(status)
-    # Nothing can finish the run now, and a later finish() by the user or in a
-    # `__del__` would raise or hang: make it a no-op.
+    # Nothing can finish it now; a later finish() would raise or hang: make it a no-op.
     run._is_finished = True
     _setup().remove_active_run(run)
     return "wandb-core gone"
@@ -122,14 +108,12 @@ def teardown(timeout):
     try:
         wandb.teardown(exit_code=_exit_code())
     except SystemExit as exc:
-        # wandb.teardown() calls sys.exit() with wandb-core's status when it is not 0
-        # (0.31; 0.22 too once it has died): one line for it, the same as finish_run's.
+        # wandb.teardown() calls sys.exit() with wandb-core's status when it is not 0.
         _warn_core_ended(exc.code if isinstance(exc.code, int) else 1)
     except Exception:
         if not core_died:
             raise
-        # It raises ConnectionResetError once wandb-core is gone, but only after
-        # unregistering wandb's atexit hook, which is what we need from it.
+        # With wandb-core gone it raises, after unregistering wandb's hook: what we need.
         log.debug_exception("wandb.teardown() with wandb-core gone")
 
 
@@ -139,9 +123,7 @@ def _warn_core_ended(status):
 
 
 def forget_in_child(run):
-    # The child inherits wandb's atexit hook for the parent's wandb-core; at the
-    # child's exit it can only fail (ForkedError, "Exception ignored in atexit
-    # callback"). Unregister it: the connection is the parent's.
+    # The child's copy of wandb's exit hook can only fail (ForkedError): unregister it.
     setup = getattr(sys.modules.get("wandb.sdk.wandb_setup"), "_singleton", None)
     cleanup = getattr(getattr(setup, "_connection", None), "_cleanup", None)
     if cleanup is not None and getattr(setup, "_pid", None) != os.getpid():
@@ -149,7 +131,6 @@ def forget_in_child(run):
 
 
 def describe(run):
-    # Private attributes only: in a fork child the public properties talk to the parent's run.
     settings = getattr(run, "_settings", None)
     run_id = getattr(run, "_run_id", None) or getattr(settings, "run_id", None)
     name, project = getattr(settings, "run_name", None), getattr(settings, "project", None)
