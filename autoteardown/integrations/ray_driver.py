@@ -120,7 +120,8 @@ def _on_kill(wrapped, instance, args, kwargs):
 
 
 def _on_shutdown(wrapped, instance, args, kwargs):
-    engine.finalize(kinds=(KIND,))
+    if registry.live(KIND):  # our actors end before Ray's own processes
+        engine.finalize(kinds=(KIND,))
     return wrapped(*args, **kwargs)
 
 

@@ -305,6 +305,7 @@ def train_exit_code():
         return None
     if runner.is_running():
         return SIGTERM_CODE
-    error = runner.get_error()
-    return 1 if error is not None and not isinstance(getattr(error, "_base_exc", error), TrainingStopped) else (
-        SIGTERM_CODE if error is not None else 0)
+    error = getattr(runner.get_error(), "_base_exc", runner.get_error())  # Ray Train wraps it
+    if error is None:
+        return 0
+    return SIGTERM_CODE if isinstance(error, TrainingStopped) else 1

@@ -4,7 +4,8 @@ steps to wandb (offline) on rank 0, never calling finish(). Usage:
 ray_train_job.py return|raise|hang|other-rank-raises
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
 their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
-raises at its step 10 (0.1 s each) while rank 0 logs a step every 0.2 s.) Legacy v1 reserves a CPU
+raises at its step 10 while rank 0 logs a step each batch, waiting in next()
+for its slow dataset.) Legacy v1 reserves a CPU
 for its trainer actor: the workers take half a CPU each.
 
 Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
@@ -21,6 +22,17 @@ import ray
 
 MODE = sys.argv[1]
 STEPS = 10
+
+
+class Slow:
+    """A dataset whose items take 50 ms: a rank spends its steps waiting in next()."""
+
+    def __len__(self):
+        return 100000
+
+    def __getitem__(self, index):
+        time.sleep(0.05)
+        return index
 
 
 def write_rank(rank):
@@ -41,7 +53,8 @@ def train_func():
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     rank = ray.train.get_context().get_world_rank()
-    loader = StatefulDataLoader(list(range(1000)), batch_size=4, num_workers=2)
+    data = Slow() if MODE == "other-rank-raises" else list(range(1000))
+    loader = StatefulDataLoader(data, batch_size=4, num_workers=2)
     __main__.KEEP = iter(loader)  # long-lived, as a trainer's attribute would be
     if rank == 0:
         __main__.RUN = wandb.init(project="autoteardown-tests")
@@ -54,7 +67,6 @@ def train_func():
                 print(f"RANK0_STEP: {step}", flush=True)
             elif step == 10:
                 raise RuntimeError("rank 1 failed")
-            time.sleep(0.2 if rank == 0 else 0.1)
     for step in range(STEPS):
         next(__main__.KEEP)
         if rank == 0:
