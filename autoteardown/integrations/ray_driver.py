@@ -146,7 +146,7 @@ def finalize_collected(timeout):
         ray_worker.restore_ray_abort()
 
 
-# ---- ending actors --------------------------------------------------
+# ---- ending actors ------------------------------------------------------------
 
 class _Ending:
     """An actor told to end (or sent `signum` now), watched until its process is gone."""
@@ -233,8 +233,8 @@ class _Ending:
 
     def report(self, killed):
         if killed:
-            log.warning("%s %s (pid %d) still running %.1fs after __ray_terminate__: killed",
-                        self.class_name, self.actor_id[:8], self.pid, time.time() - self.requested_at)
+            log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name, self.actor_id[:8],
+                        self.pid, time.time() - self.requested_at, "SIGTERM" if self.signum else "__ray_terminate__")
 
 
 def _drain(terminated, until):

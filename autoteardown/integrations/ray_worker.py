@@ -1,35 +1,24 @@
 """Inside a Ray actor: finalize while the actor's children still live.
 
-When an actor exits, Ray SIGKILLs its children (wandb-core, DataLoader workers)
-before the actor's atexit runs, and `ray.kill` ends the process with no Python
-hook at all. So the actor finalizes at the points where Ray tells it to end:
+Ray SIGKILLs an exiting actor's children (wandb-core, DataLoader workers) before
+its atexit runs, and `ray.kill` leaves no Python hook, so the actor finalizes
+where Ray tells it to end:
 
-- SIGTERM (what the driver's side sends a live actor at its exit, and what a
-  stopped job sends every process). Ray's handler raises SystemExit in the main
-  thread; ours, chained before it, only asks. If an actor method is running in
-  the main thread, Ray's SystemExit unwinds it and the teardown runs as it
-  leaves the method, before Ray's exit. An idle actor has nothing to unwind: the
-  teardown runs on a runner, then the signal is sent again for Ray's own exit.
+- SIGTERM. Every handler Ray sets goes through `set_sigterm_handler`; ours, chained
+  before it, only asks (`_ask`). A method running in the main thread is unwound by
+  Ray's SystemExit and the teardown runs as it leaves the method executor; an idle
+  actor tears down on a runner and gets the signal again for Ray's own exit. Ray's
+  3 s abort after a SIGTERM waits for our teardown (`_defer_ray_abort`).
 - `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time.
-- Ray Train v2's `RayTrainWorker.shutdown()`: the worker group ends with
-  `actor.shutdown.remote()`, a wait (`patience_s`), then always `ray.kill`.
-  A training function still running then is stopped first (see
-  `_stop_training_thread`), so that rank is not reported as failed.
+- Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`):
+  a training function still running is stopped first, so that this rank is not
+  reported as failed. The patch is a plain function with the original's
+  __module__ and __qualname__: Ray pickles methods by reference, so each worker
+  resolves its own (a wrapt proxy does not survive Ray's tracing injection).
 
-Every SIGTERM handler Ray sets (worker, driver, head node) goes through
-`ray._private.utils.set_sigterm_handler`; ours defers the abort that Ray's
-failure-signal handler (abseil) arms 3 s after any SIGTERM by AUTOTEARDOWN_TIMEOUT,
-so that our teardown and Ray's own shutdown can finish; it still ends a process
-that hangs, and Ray's own handler gets its 3 s back when it runs.
-
-One budget: the creator kills an actor AUTOTEARDOWN_RAY_GRACE_S after it asked
-it to end, so the actor's teardown gets the grace minus a second (at most
-AUTOTEARDOWN_TIMEOUT), and a watchdog ends the process just inside the grace.
-
-RayTrainWorker.shutdown is replaced by a plain function that keeps the
-original's __module__ and __qualname__: Ray pickles the actor class's methods
-by reference in the creating process, so each worker resolves it in its own
-module (a wrapt proxy does not survive Ray's tracing injection).
+One budget: the creator kills an actor AUTOTEARDOWN_RAY_GRACE_S after it asked it
+to end; the teardown gets the grace minus a second, and a watchdog ends the
+process just inside the grace.
 """
 
 import functools
