@@ -19,11 +19,11 @@ pytestmark = pytest.mark.needs_torch
 SIGTERM_CODE = 128 + signal.SIGTERM
 
 
-def stopped_job(jobs, group, shim=True, after_step=10):
+def stopped_job(jobs, group, shim=True, after_step=10, tracker="wandb", env=None):
     """Start the job, SIGTERM the driver (or its process group) once the actor has logged
     `after_step`; the Run, the steps the driver saw, and what of the job is still running
     5 s (plus the load margin) after the driver ended."""
-    proc = jobs.start("ray_stopped_job.py", shim=shim)
+    proc = jobs.start("ray_stopped_job.py", 40, 0.2, tracker, shim=shim, env=env)
     before, deadline = "", time.monotonic() + 180
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -57,6 +57,20 @@ def test_a_stopped_driver_keeps_the_actors_run_and_leaves_nothing(jobs):
 
 def test_a_stopped_process_group_keeps_the_actors_run_and_leaves_nothing(jobs):
     assert_kept(jobs, *stopped_job(jobs, group=True))
+
+
+def test_a_stopped_driver_ends_an_actors_mlflow_run_as_killed_with_its_metrics(jobs):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{jobs.dir}/mlruns.db"
+    result, seen, left = stopped_job(jobs, group=False, tracker="mlflow",
+                                     env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true"})
+    (run_id,) = re.findall(r"RUN: (\w+)", result.stdout)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(run_id).info.status == "KILLED", result
+    assert len(client.get_metric_history(run_id, "loss")) > max(seen), result
+    assert left == [], result
 
 
 @pytest.mark.baseline

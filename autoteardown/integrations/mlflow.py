@@ -114,7 +114,8 @@ def end_run(run, timeout):
     ending = stack[index:]
     del stack[index:]
     code, exception, _ = engine.ending()
-    killed = isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None
+    # 143 is a SIGTERM's code also where the signal was another handler's (a Ray actor's).
+    killed = isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None or code == 128 + 15
     status = "KILLED" if killed else "FINISHED" if code == 0 and exception is None else "FAILED"
     _deadlines[_thread.get_ident()] = time.monotonic() + timeout
     try:

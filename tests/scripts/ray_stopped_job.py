@@ -5,8 +5,9 @@ TaskRunner actor trains: a StatefulDataLoader with 2 workers and a wandb run
 the whole process group part-way. Usage: ray_stopped_job.py [steps] [pause] [tracker]
 (tracker: wandb, the default, or mlflow with MLFLOW_TRACKING_URI set).
 
-The actor prints "ACTOR: pid", "CHILDREN: pids" (loader workers, wandb-core) and
-"STEP: n" after each step is logged; Ray forwards them to the driver's stdout."""
+The actor prints "ACTOR: pid", "CHILDREN: pids" (loader workers, wandb-core),
+"RUN: id" (mlflow) and "STEP: n" after each step is logged; Ray forwards them to
+the driver's stdout."""
 
 import os
 import sys
@@ -36,6 +37,7 @@ class TaskRunner:
             import mlflow
 
             self.tracker = mlflow.start_run()
+            say(f"RUN: {self.tracker.info.run_id}")
             log = lambda step: mlflow.log_metric("loss", 1.0 / (step + 1), step=step)  # noqa: E731
         else:
             import wandb

@@ -4,9 +4,9 @@ steps to wandb (offline) on rank 0, never calling finish(). Usage:
 ray_train_job.py return|raise|hang|other-rank-raises
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
 their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
-raises at its step 10 while rank 0 logs a step each batch, waiting in next()
-for its slow dataset.) Legacy v1 reserves a CPU
-for its trainer actor: the workers take half a CPU each.
+raises once rank 0 has logged 6 steps; rank 0 logs one each batch, waiting in
+next() for its slow dataset.) Legacy v1 reserves a CPU for its trainer actor:
+the workers take half a CPU each.
 
 Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
 workers, wandb-core); the driver prints "FIT: ok|failed <error type>".
@@ -62,10 +62,13 @@ def train_func():
         write_rank(rank)
         for step in range(300):
             next(__main__.KEEP)
+            logged = os.path.join(os.environ["OUT_DIR"], "step5-logged")
             if rank == 0:
                 __main__.RUN.log({"loss": 1.0 / (step + 1)})
                 print(f"RANK0_STEP: {step}", flush=True)
-            elif step == 10:
+                if step == 5:
+                    open(logged, "w").close()
+            elif os.path.exists(logged):  # rank 0 is well into its loop (wandb.init is slow)
                 raise RuntimeError("rank 1 failed")
     for step in range(STEPS):
         next(__main__.KEEP)
