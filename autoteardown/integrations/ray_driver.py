@@ -54,10 +54,12 @@ def _on_actor_created(wrapped, instance, args, kwargs):
     return handle
 
 
-def _learn(actor_id, delay):
-    """Look up a new actor's process once it runs, while GCS answers: a stopped job's
-    GCS is going away as we end its actors."""
+def _learn(actor_id, delay, give_up=None):
+    """Look up a new actor's process once it runs (every `delay`, growing to 2 s, for a
+    minute), while GCS answers: a stopped job's GCS is going away as we end its actors."""
     from .. import signals
+
+    give_up = give_up or time.monotonic() + 60
 
     def lookup():
         import ray._private.state
@@ -68,8 +70,8 @@ def _learn(actor_id, delay):
             return
         if info.get("State") == "ALIVE" and info.get("Pid"):
             _known[actor_id] = info
-        elif info.get("State") not in ("DEAD", None) and delay < 30:
-            _learn(actor_id, delay * 2)
+        elif info.get("State") != "DEAD" and time.monotonic() < give_up:
+            _learn(actor_id, min(2.0, delay * 1.5), give_up)
 
     signals.alarm(time.monotonic() + delay, lambda: engine.run_soon(lookup))
 

@@ -37,8 +37,9 @@ _train_original = None   # RayTrainWorker.shutdown before we replaced it
 _patches = None
 _main = threading.main_thread().ident
 _in_method = 0    # actor methods running in the main thread
-_asked = False    # a SIGTERM asked this actor to end
-_done = False     # its teardown has run: Ray's handler goes on as without us
+_asked = False    # a SIGTERM asked this actor to end: its teardown is pending or under way
+_tearing = False  # the teardown has begun
+_done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 
 
@@ -86,8 +87,10 @@ def _chain_sigterm_handler(wrapped, instance, args, kwargs):
 def _ask(handler, signum, frame):
     """Ours, before Ray's handler: it only asks (see the module docstring)."""
     global _asked
-    if _asked or _done or not registry.live():
+    if _done or not _asked and not registry.live():
         return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
+    if _asked:
+        return  # another SIGTERM (a dying raylet's) while ours ends the actor: not into the teardown
     _defer_ray_abort()
     if not _in_actor():
         return handler(signum, frame)  # a driver: Ray's own handler ends actors first (ray_driver)
@@ -133,13 +136,14 @@ def _teardown_then_resend():
 def _teardown(interrupted):
     """The exit code: a Ray Train worker's function's; else 143 if the SIGTERM cut a
     method short, and the process's own (0) for an actor ended between two methods."""
-    global _done
-    if not _done:
-        _done = True
+    global _tearing, _done
+    if not _tearing:
+        _tearing = True
         code = train_exit_code()
         try:
             finalize_in_band(config.RAY_GRACE, SIGTERM_CODE if code is None and interrupted else code)
         finally:
+            _done = True
             restore_ray_abort()
 
 
