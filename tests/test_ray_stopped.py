@@ -73,6 +73,17 @@ def test_a_stopped_driver_ends_an_actors_mlflow_run_as_killed_with_its_metrics(j
     assert left == [], result
 
 
+def test_a_stopped_driver_flushes_an_actors_tensorboard_writer(jobs):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result, seen, left = stopped_job(jobs, group=False, tracker="tensorboard", env={"TB_LOGDIR": jobs.dir / "tb"})
+    events = EventAccumulator(str(jobs.dir / "tb"))
+    events.Reload()
+    assert len(events.Scalars("loss")) > max(seen), result
+    assert left == [], result
+
+
 @pytest.mark.baseline
 @pytest.mark.parametrize("group", [False, True], ids=["driver", "group"])
 def test_a_stopped_job_without_the_shim_keeps_no_exit_record(jobs, group):

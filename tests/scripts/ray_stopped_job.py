@@ -3,7 +3,8 @@
 TaskRunner actor trains: a StatefulDataLoader with 2 workers and a wandb run
 (offline) held on `self`, STEPS steps at PAUSE s. The test SIGTERMs the driver or
 the whole process group part-way. Usage: ray_stopped_job.py [steps] [pause] [tracker]
-(tracker: wandb, the default, or mlflow with MLFLOW_TRACKING_URI set).
+(tracker: wandb, the default; mlflow with MLFLOW_TRACKING_URI set; tensorboard
+with TB_LOGDIR set).
 
 The actor prints "ACTOR: pid", "CHILDREN: pids" (loader workers, wandb-core),
 "RUN: id" (mlflow) and "STEP: n" after each step is logged; Ray forwards them to
@@ -39,6 +40,11 @@ class TaskRunner:
             self.tracker = mlflow.start_run()
             say(f"RUN: {self.tracker.info.run_id}")
             log = lambda step: mlflow.log_metric("loss", 1.0 / (step + 1), step=step)  # noqa: E731
+        elif config["tracker"] == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tracker = SummaryWriter(os.environ["TB_LOGDIR"], flush_secs=3600)  # nothing flushed by itself
+            log = lambda step: self.tracker.add_scalar("loss", 1.0 / (step + 1), step)  # noqa: E731
         else:
             import wandb
 
