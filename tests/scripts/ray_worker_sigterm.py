@@ -40,6 +40,7 @@ class Actor:
         return os.getpid()
 
     def work(self):
+        open(OUT + ".working", "w").close()
         while True:
             time.sleep(0.05)
 
@@ -50,7 +51,10 @@ pid = ray.get(actor.setup.remote())
 print("ACTOR:", pid, flush=True)
 if MODE == "busy":
     actor.work.remote()
-time.sleep(1.0)  # the method is under way (busy), or the actor waits for one (idle)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(OUT + ".working") and time.monotonic() < deadline:
+        time.sleep(0.05)  # the method is under way
+    print("WORKING:", os.path.exists(OUT + ".working"), flush=True)
 os.kill(pid, 15)
 deadline = time.monotonic() + 20
 while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
