@@ -39,6 +39,7 @@ _stepping = set()       # idents of the threads running a step now
 _hooked = False         # the exit hooks are registered
 _monitoring_tool = None
 _patches = Patches()
+_when_armed = []        # quick hooks called when a process is armed (ray_worker's announce)
 
 
 def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_sigterm=None):
@@ -49,6 +50,12 @@ def register_kind(kind, order, finalize_one, after_all=None, in_child=None, on_s
     with _lock:
         _kinds[:] = sorted([k for k in _kinds if k[1] != kind] + [
             (order, kind, finalize_one, after_all, in_child, on_sigterm)], key=lambda k: k[0])
+
+
+def when_armed(hook):
+    """Call hook() (quick, never raising) whenever a process is armed: it has something to tear down."""
+    if hook not in _when_armed:
+        _when_armed.append(hook)
 
 
 def arm():
@@ -78,6 +85,8 @@ def arm():
             if util is not None:
                 _patches.wrap(util, "_exit_function", _before_multiprocessing_exit)
             _report("header")
+            for hook in _when_armed:
+                hook()
         if not _signals_ready:
             from . import signals
 

@@ -141,14 +141,34 @@ def finalize_collected(timeout):
     wait for all of them, terminated ones too, to be gone or killed, within `timeout`."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
-    now = time.time()
-    ending = [o if isinstance(o, _Ending) else _Ending(o._ray_actor_id.hex(), now, signal.SIGTERM) for o in objs]
+    now, live = time.time(), armed([o._ray_actor_id.hex() for o in objs if not isinstance(o, _Ending)])
+    ending = [o if isinstance(o, _Ending) else _Ending(o._ray_actor_id.hex(), now, signal.SIGTERM) for o in objs
+              if isinstance(o, _Ending) or o._ray_actor_id.hex() in live]
     try:
         for actor in ending:
             actor.locate()
         _drain(ending, deadline)
     finally:
         ray_worker.restore_ray_abort()
+    idle = len(objs) - len(ending)
+    return f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
+
+
+def armed(actor_ids):
+    """Those of these actors that recorded something (ray_worker._announce), taking their
+    keys out of GCS; all of them if GCS does not answer within a second."""
+    import ray
+
+    keys = [actor_id.encode() for actor_id in actor_ids]
+    try:
+        gcs = ray._private.worker.global_worker.gcs_client
+        found = gcs.internal_kv_multi_get(keys, ray_worker.ARMED, timeout=1.0) if keys else {}
+        for key in found:
+            gcs.internal_kv_del(key, False, ray_worker.ARMED, timeout=1.0)
+    except Exception:
+        log.debug_exception("could not ask GCS which actors recorded something")
+        return set(actor_ids)
+    return {key.decode() for key in found}
 
 
 # ---- ending actors ------------------------------------------------------------

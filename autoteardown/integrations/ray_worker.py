@@ -33,6 +33,7 @@ TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
 TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
+ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down
 _train_original = None   # RayTrainWorker.shutdown before we replaced it
 _patches = None
 _main = threading.main_thread().ident
@@ -54,6 +55,7 @@ def patch(patches):
     patches.wrap(ray._private.utils, "set_sigterm_handler", _chain_sigterm_handler)
     patches.wrap(ray._private.function_manager.FunctionActorManager, "_make_actor_method_executor",
                  _on_make_executor)
+    engine.when_armed(_announce)
     from .. import importhook
 
     importhook.register(TRAIN_V2_WORKER, "autoteardown.integrations.ray_worker:patch_train_worker")
@@ -75,6 +77,20 @@ def _in_actor():
 
     worker = ray._private.worker.global_worker
     return worker.mode == ray.WORKER_MODE and not worker.actor_id.is_nil()
+
+
+def _announce():
+    """An actor with something to tear down says so in GCS, at once (one quick request, at
+    its first record): at its creator's exit only these are sent SIGTERM and waited for,
+    the others are left to Ray (ray_driver.armed)."""
+    try:
+        if _in_actor():
+            import ray
+
+            worker = ray._private.worker.global_worker
+            worker.gcs_client.internal_kv_put(worker.actor_id.hex().encode(), b"", True, ARMED, timeout=1)
+    except Exception:
+        log.debug_exception("could not announce this actor")
 
 
 # ---- SIGTERM: the handler asks, the exit path tears down ------------------------
