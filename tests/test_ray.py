@@ -4,6 +4,7 @@ Each script starts its own local Ray (num_cpus=2, no dashboard) in a subprocess;
 every actor pid a script reports is killed at the end of the test.
 """
 
+import json
 import re
 import subprocess
 import sys
@@ -76,6 +77,23 @@ def test_live_actors_finalize_in_parallel_at_driver_exit(tmp_path, cleanup):
     done = {p.name: p.stat().st_mtime for p in tmp_path.iterdir()}
     assert sorted(done) == sorted(map(str, pids)), result
     assert max(done.values()) - min(done.values()) < 2.0, (done, result)
+
+
+def test_at_driver_exit_only_the_actors_that_recorded_something_are_ended(tmp_path, cleanup):
+    # An actor with nothing to tear down is left to Ray, as without the shim (the
+    # driver's exit does not wait for it); the others are ended and waited for.
+    report = tmp_path / "report.jsonl"
+    result = run("ray_busy_actors.py", env={"OUT_DIR": tmp_path, "FINALIZE_S": 0.5, "IDLE": 2,
+                                            "AUTOTEARDOWN_REPORT": report}, timeout=120)
+    pids, idle = [int(p) for p in reported(result, "PIDS")], [int(p) for p in reported(result, "IDLE_PIDS")]
+    cleanup += pids + idle
+    assert result.returncode == 0, result
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "report.jsonl") == sorted(map(str, pids)), result
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    driver = [line for line in lines if line["argv"][0].endswith("ray_busy_actors.py")]
+    assert [s["outcome"] for s in driver[0]["steps"] if s["kind"] == "ray" and s["resource"] == "(for all)"] == [
+        "3 actor(s) ended, 2 with nothing recorded left to Ray"], lines
+    assert wait_gone(idle, 30) == [], result  # Ray ends them with the job
 
 
 @pytest.mark.baseline

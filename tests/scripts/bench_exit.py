@@ -1,8 +1,11 @@
 """For tests/benchmark.py: a script with 8 live DataLoader workers, 2 wandb runs
 (offline, 100 steps each) and 2 Ray actors (local Ray) at its end.
-Usage: bench_exit.py shim|hand
+Usage: bench_exit.py shim|none|hand
 
-shim: the script just ends (run it with the shim: autoteardown tears down).
+shim, none: the script just ends (run with the shim, autoteardown tears down; without
+  it, the libraries' own exit hooks do what they do). Either way Ray's exit hook sleeps
+  0.5 s first "to make sure that log messages finish printing" (ray.shutdown's
+  _exiting_interpreter), which an explicit ray.shutdown() skips.
 hand: the script tears the same resources down itself first, as a careful user
   would: _shutdown_workers(), finish() each run, ray.shutdown(); it prints how
   long that took ("TEARDOWN: s").
