@@ -10,22 +10,6 @@ from .integrations import TABLE
 
 INTEGRATIONS = tuple(TABLE)
 
-# Every variable, for `autoteardown --help` and the README: (name, meaning, default).
-VARIABLES = (
-    ("AUTOTEARDOWN_DISABLE", "1: do nothing at all", "off"),
-    ("AUTOTEARDOWN_DISABLED_INTEGRATIONS", "skip these integrations, comma-separated (* for all): "
-     + ",".join(INTEGRATIONS), "none"),
-    ("AUTOTEARDOWN_TIMEOUT", "seconds the whole exit teardown may take", "10"),
-    ("AUTOTEARDOWN_RAY_GRACE_S", "seconds a terminated Ray actor gets before its process is killed", "5"),
-    ("AUTOTEARDOWN_DEBUG", "1: say how it was activated, each patch, and a teardown report, on stderr", "off"),
-    ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process that recorded a resource, "
-     "with its teardown report", "none"),
-    ("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "with RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: "
-     "the hook to call first (one you had set)", "none"),
-)
-# Set by autoteardown for the processes it starts; not for users to set.
-INTERNAL_VARIABLES = ("AUTOTEARDOWN_INTERNAL_VIA", "AUTOTEARDOWN_INTERNAL_WARNED", "AUTOTEARDOWN_NEXT_SETUP_HOOK")
-
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
@@ -71,26 +55,18 @@ def _integrations(name):
 
 
 def _activation():
-    """How autoteardown came to be imported in this process: sitecustomize, autoteardown-run,
-    Ray hook, PYTHONSTARTUP or import. Cheap: a look at sys.modules and the import's frames."""
-    try:
-        if getattr(getattr(sys.modules.get("sitecustomize"), "__spec__", None), "_initializing", False):
-            return os.environ.get("AUTOTEARDOWN_INTERNAL_VIA") or "sitecustomize"  # set by `autoteardown run`
-        startup = os.environ.get("PYTHONSTARTUP")
-        frame = sys._getframe(1)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if os.path.basename(filename) in ("autoteardown", "autoteardown-run") or (
-                    frame.f_code.co_name == "_get_module_details"
-                    and frame.f_locals.get("mod_name") in ("autoteardown", "autoteardown.__main__")):
-                return "cli"  # the `autoteardown` command itself (or python -m autoteardown)
-            if f"{os.sep}ray{os.sep}_private{os.sep}" in filename:
-                return "Ray hook"
-            if startup and filename == startup:
-                return "PYTHONSTARTUP"
-            frame = frame.f_back
-    except Exception:
-        pass
+    """How autoteardown came to be imported here, for the debug line and the report."""
+    if getattr(getattr(sys.modules.get("sitecustomize"), "__spec__", None), "_initializing", False):
+        return os.environ.get("AUTOTEARDOWN_INTERNAL_VIA") or "sitecustomize"  # set by `autoteardown run`
+    if os.path.basename(sys.argv[0] if sys.argv else "") in ("autoteardown", "autoteardown-run", "-m"):
+        return "cli"  # the command itself (`-m`: python -m autoteardown, while it is being found)
+    startup, frame = os.environ.get("PYTHONSTARTUP"), sys._getframe(1)
+    while frame is not None:
+        if f"{os.sep}ray{os.sep}_private{os.sep}" in frame.f_code.co_filename:
+            return "Ray hook"
+        if startup and frame.f_code.co_filename == startup:
+            return "PYTHONSTARTUP"
+        frame = frame.f_back
     return "import"
 
 

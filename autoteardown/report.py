@@ -38,10 +38,9 @@ def header(activation=None):
                "rank": int(rank) if rank and rank.isdigit() else rank,
                "activation": activation or config.ACTIVATION, "config": config.summary(),
                "argv": list(getattr(sys, "argv", []))[:4]}
-    settings = ", ".join(f"{k.replace('AUTOTEARDOWN_', '').lower()}={v}" for k, v in config.summary().items()
-                         if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE"))
-    log.debug("armed: autoteardown %s on Python %s, activated by %s; %s",
-              _header["version"], _header["python"], _header["activation"], settings)
+    log.debug("armed: autoteardown %s on Python %s, activated by %s; %s", _header["version"], _header["python"],
+              _header["activation"], ", ".join(f"{k[13:].lower()}={v}" for k, v in config.summary().items()
+                                                if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE")))
 
 
 @_safe
@@ -65,20 +64,17 @@ def end(seconds, interrupted=False):
     teardown, _teardown = _teardown, None
     if teardown is None:
         return
-    from collections import Counter
+    import collections
+    import json
 
     steps = teardown["steps"]
-    counts = Counter(s["outcome"].split(":")[0] for s in steps)
-    summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or "nothing to do"
-    log.debug("teardown %s in %.3fs: %s", "interrupted" if interrupted else "done", seconds, summary)
+    counts = collections.Counter(s["outcome"].split(":")[0] for s in steps)
+    log.debug("teardown %s in %.3fs: %s", "interrupted" if interrupted else "done", seconds,
+              ", ".join(f"{n} {word}" for word, n in counts.items()) or "nothing to do")
     # One line per process: a later teardown that finds nothing to do adds none.
     if config.REPORT and (steps or _written != os.getpid()):
-        line = dict(_header or {"pid": os.getpid()})
-        line.update(trigger=teardown["trigger"], code=teardown["code"], seconds=round(seconds, 4), steps=steps)
-        if interrupted:
-            line["interrupted"] = True
-        import json
-
+        line = dict(_header or {"pid": os.getpid()}, trigger=teardown["trigger"], code=teardown["code"],
+                    seconds=round(seconds, 4), steps=steps, **({"interrupted": True} if interrupted else {}))
         try:  # one write() of an O_APPEND file: the lines of ranks sharing it never interleave
             fd = os.open(config.REPORT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:

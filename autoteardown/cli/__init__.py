@@ -17,8 +17,25 @@ torch, wandb or ray) and argparse, then the exec.
 import os
 import sys
 
+from ..integrations import TABLE
+
 PROG = "autoteardown"
 RUN_ALIAS = "autoteardown-run"
+# Every variable, for `autoteardown --help` and the README: (name, meaning, default).
+VARIABLES = (
+    ("AUTOTEARDOWN_DISABLE", "1: do nothing at all", "off"),
+    ("AUTOTEARDOWN_DISABLED_INTEGRATIONS", "skip these integrations, comma-separated (* for all): "
+     + ",".join(TABLE), "none"),
+    ("AUTOTEARDOWN_TIMEOUT", "seconds the whole exit teardown may take", "10"),
+    ("AUTOTEARDOWN_RAY_GRACE_S", "seconds a terminated Ray actor gets before its process is killed", "5"),
+    ("AUTOTEARDOWN_DEBUG", "1: say how it was activated, each patch, and a teardown report, on stderr", "off"),
+    ("AUTOTEARDOWN_REPORT", "path.jsonl: append one JSON line per process that recorded a resource, "
+     "with its teardown report", "none"),
+    ("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK", "with RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: "
+     "the hook to call first (one you had set)", "none"),
+)
+# Set by autoteardown for the processes it starts; not for users to set.
+INTERNAL_VARIABLES = ("AUTOTEARDOWN_INTERNAL_VIA", "AUTOTEARDOWN_INTERNAL_WARNED", "AUTOTEARDOWN_NEXT_SETUP_HOOK")
 
 
 def _version():
@@ -29,8 +46,6 @@ def _version():
 
 def environment_help():
     lines = ["environment (read by every process autoteardown is active in):"]
-    from ..config import INTERNAL_VARIABLES, VARIABLES
-
     for name, meaning, default in VARIABLES:
         lines.append(f"  {name}\n      {meaning} (default: {default})")
     lines.append("  set by autoteardown for the processes it starts (not to be set by hand):\n      "
@@ -39,9 +54,13 @@ def environment_help():
 
 
 def pythonpath_entries():
-    from ..bootstrap import pythonpath_entries
-
-    return pythonpath_entries()
+    """What PYTHONPATH needs: the bootstrap folder, and the one holding the package unless
+    it is a site-packages (other Pythons would load its packages)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    entries = [os.path.join(package, "bootstrap")]
+    if os.path.basename(os.path.dirname(package)) not in ("site-packages", "dist-packages"):
+        entries.append(os.path.dirname(package))
+    return entries
 
 
 def _parser(prog=PROG, run_only=False):

@@ -174,7 +174,7 @@ def run_job(name, path, folder, shim, marker, fail=False):
         env["DEMO_FAIL_ON_PURPOSE"] = "1"
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if shim:
-        from ..bootstrap import pythonpath_entries
+        from . import pythonpath_entries
 
         paths = pythonpath_entries() + paths
         env.pop("AUTOTEARDOWN_DISABLE", None)

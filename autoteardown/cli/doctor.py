@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from .. import __version__, config
-from ..bootstrap import pythonpath_entries
+from . import pythonpath_entries
 from ..integrations import TABLE, installed_version, supported_range, unsupported_reason
 
 PACKAGES = ("wrapt", "psutil") + tuple(dict.fromkeys(d for row in TABLE.values() for d, _, _ in row[3:]))
