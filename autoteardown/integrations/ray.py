@@ -2,8 +2,8 @@
 
 Three ideas, one module each:
 - ray_driver.py: a process that holds actor handles (the driver, an actor that
-  creates actors, Ray Train's controller) ends its live actors with SIGTERM at
-  its exit and kills any actor that outlives the grace.
+  creates actors, Ray Train's controller) ends its live actors that recorded
+  something with SIGTERM at its exit and kills any that outlives the grace.
 - ray_worker.py: inside an actor, Ray's SIGTERM handler only asks; the teardown
   runs as the method unwinds (or on a runner when idle), before Ray kills the
   actor's children; exit_actor and Ray Train v2's worker shutdown finalize first.

@@ -8,8 +8,9 @@ Ray Train's controller): actors it ends really end, and live ones tear down firs
 - When the creating process exits, its actors are force-killed with no Python
   hook, and a call queued behind a running method never runs. So at its exit,
   at `ray.shutdown()`, and before Ray kills its own processes (the head node's
-  SIGTERM handler does that first), each live, non-detached actor it created is
-  sent SIGTERM (the actor's side, ray_worker.py, turns it into its teardown).
+  SIGTERM handler does that first), each live, non-detached actor it created
+  that recorded something (ray_worker._announce) is sent SIGTERM (the actor's
+  side, ray_worker.py, turns it into its teardown); the others are Ray's.
 - Either way the process that ended the actor kills its pid
   AUTOTEARDOWN_RAY_GRACE_S later if it is still the same Ray worker. The GCS
   lookups run on a runner and the timer is the helper thread's (signals.alarm).
