@@ -39,7 +39,7 @@ def header(activation=None):
                "activation": activation or config.ACTIVATION, "config": config.summary(),
                "argv": list(getattr(sys, "argv", []))[:4]}
     log.debug("armed: autoteardown %s on Python %s, activated by %s; %s", _header["version"], _header["python"],
-              _header["activation"], ", ".join(f"{k[13:].lower()}={v}" for k, v in config.summary().items()
+              _header["activation"], ", ".join(f"{k.removeprefix('AUTOTEARDOWN_').lower()}={v}" for k, v in config.summary().items()
                                                 if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE")))
 
 
