@@ -2,16 +2,15 @@
 within a deadline, however the process ends, and never changes how it ends.
 
 It runs from threading's exit callbacks, which CPython calls before any atexit
-callback (atexit is last in, first out; torch, wandb and Ray register after us). A
-normal end tears down after the other threading callbacks and the non-daemon threads;
-after a SIGTERM, at once, and the process then dies of the signal (signals.py).
-Armed at the first resource recorded (registry.py).
+callback (torch, wandb and Ray register theirs after us). A normal end tears down
+after the non-daemon threads; after a SIGTERM, at once, then the process dies of
+the signal (signals.py). Armed at the first resource recorded (registry.py).
 
 Each step runs in a runner thread and may use the time left but a second per later
-step. Another runner drives the steps while the calling thread only waits: a wait is
-the one place that can ignore what a signal handler raises (torch's SIGCHLD one).
-Runners start when armed (Python 3.12.0-3.12.2 refuse threads during finalization);
-without one, a step runs inline under an alarm. Errors are one warning, never raised.
+step; another runner drives the steps, so the calling thread only waits, the one
+place that can ignore what a signal handler raises (torch's SIGCHLD one). Runners
+start when armed (Python 3.12.0-3.12.2 refuse new threads at exit); without one, a
+step runs inline under an alarm. Errors are one warning, never raised.
 """
 
 import os
@@ -113,25 +112,19 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
     if not _busy.acquire(timeout=max(0.0, deadline - time.monotonic())):
         log.warning("another teardown is still running; not finalized")
         return None
-    _finalizer, _code_override = _thread.get_ident(), exit_code
-    stop, done = [], _thread.allocate_lock()
-    done.acquire()
+    _finalizer, _code_override, stop = _thread.get_ident(), exit_code, []
 
     def steps():
         global _finalizer, _code_override
         try:
             _run_steps(deadline, only, stop, why)
-        except BaseException:
-            log.debug_exception("finalize failed")
         finally:
             _finalizer = _code_override = None
             _busy.release()
-            done.release()
 
-    if not _submit(steps):
-        steps()  # no thread to be had: inline
-        return stop[-1] if stop else None
-    interrupted = _wait(done, deadline + 1.0, "the teardown")
+    outcome, interrupted = _in_runner(steps, (), deadline + 1.0, "the teardown")
+    if outcome and isinstance(outcome[0], BaseException):
+        log.debug_exception("finalize failed", exc_info=outcome[0])
     if interrupted is not None:
         stop.append(interrupted)  # the steps stop before the next one; the rest stay recorded
         log.warning("teardown interrupted (%s)", type(interrupted).__name__)
@@ -141,28 +134,23 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
 def _run_steps(deadline, only, stop, why):
     started, steps = time.monotonic(), []
     for _, kind, finalize_one, after_all, _, _ in list(_kinds):  # a copy is atomic, as on_signal's
-        if only is None or kind in only:
-            objs = registry.live(kind)
-            steps += [(kind, obj, finalize_one) for obj in objs]
-            if after_all is not None and objs:
-                steps.append((kind, None, after_all))
+        objs = registry.live(kind) if only is None or kind in only else ()
+        steps += [(kind, obj, finalize_one) for obj in objs] + [(kind, None, after_all)] * bool(after_all and objs)
     if not steps and only is not None:
         return  # a partial finalize() with nothing to do: the exit reports
     code, _, trigger = ending()
     _report("begin", why or trigger, code)
     try:
         for index, (kind, obj, func) in enumerate(steps):
-            remaining = deadline - time.monotonic()
+            remaining, left = deadline - time.monotonic(), len(steps) - index
             if stop:
                 return
             if remaining <= 0:
                 log.warning("deadline reached; not finalized: %s", ", ".join(_name(k, o) for k, o, _ in steps[index:]))
                 break
-            # All the time left but a second for each step after it (never less than
-            # its fair share): one hung step cannot starve the rest.
-            left = len(steps) - index
             if obj is not None:
                 registry.forget(obj)  # just before its step: an interrupted teardown leaves the rest
+            # All the time left but a second for each later step (at least its fair share).
             _run_bounded(kind, obj, func, max(remaining / left, remaining - (left - 1) * 1.0))
     finally:
         _report("end", time.monotonic() - started, bool(stop))
@@ -182,14 +170,14 @@ def _wait(done, until, what):
             log.debug("while waiting for %s: %s: %s", what, type(exc).__name__, exc)
 
 
-def _run_bounded(kind, obj, func, budget):
-    """Run one step in a runner thread and wait at most `budget` seconds for it."""
-    outcome = []
-    done = _thread.allocate_lock()
+def _in_runner(func, args, until, what):
+    """func(*args) in a runner thread, waited for until `until`: ([its result or exception],
+    or [] while it runs on; what stopped the wait). With no thread to be had it runs
+    inline, and should it hang, the process ends with its status a second after `until`."""
+    outcome, done = [], _thread.allocate_lock()
     done.acquire()
-    args = (budget,) if obj is None else (obj, budget)
 
-    def step():
+    def run():
         _stepping.add(_thread.get_ident())
         try:
             outcome.append(func(*args))
@@ -199,17 +187,22 @@ def _run_bounded(kind, obj, func, budget):
             _stepping.discard(_thread.get_ident())
             done.release()
 
-    started = time.monotonic()
-    if _submit(step):
-        _wait(done, started + budget, kind)
-    else:  # no runner, no new thread: inline, and should it hang, end with the status
-        from . import signals
+    if _submit(run):
+        return outcome, _wait(done, until, what)
+    from . import signals
 
-        guard = signals.alarm(started + budget + 1.0, lambda: signals.end_process(code=ending()[0]))
-        try:
-            step()
-        finally:
-            signals.cancel(guard)
+    guard = signals.alarm(until + 1.0, lambda: signals.end_process(code=ending()[0]))
+    try:
+        run()
+    finally:
+        signals.cancel(guard)
+    return outcome, None
+
+
+def _run_bounded(kind, obj, func, budget):
+    """Run one step in a runner thread and wait at most `budget` seconds for it."""
+    started = time.monotonic()
+    outcome, _ = _in_runner(func, (budget,) if obj is None else (obj, budget), started + budget, kind)
     elapsed, name = time.monotonic() - started, _name(kind, obj)
     result = outcome[0] if outcome else "left behind"
     if not outcome:
@@ -267,11 +260,14 @@ def _name(kind, obj):
 
 
 def _report(event, *args):
-    """report.py's `event`, which never raises; imported only when a report is asked for."""
-    if config.DEBUG or config.REPORT:
-        from . import report
+    """report.py's `event`, imported only when a report is asked for; never raises."""
+    try:
+        if config.DEBUG or config.REPORT:
+            from . import report
 
-        return getattr(report, event)(*args)
+            return getattr(report, event)(*args)
+    except Exception:
+        log.debug_exception("teardown report: %s failed", event)
     return None
 
 

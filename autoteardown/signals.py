@@ -63,20 +63,17 @@ def install(engine):
     if threading.get_ident() != _main:
         return False
     if _installed is None:
+        _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        if not _installed:
+            log.debug("SIGTERM already has a handler; leaving it alone")
+            return True
         try:
-            _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-            if _installed:
-                signal.signal(signal.SIGTERM, _handler)
-                try:
-                    previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
-                    _own_wakeup = previous == -1
-                    if not _own_wakeup:  # someone else's (asyncio): keep it theirs
-                        signal.set_wakeup_fd(previous)
-                except ValueError:
-                    pass
-            else:
-                log.debug("SIGTERM already has a handler; leaving it alone")
-        except (ValueError, OSError):
+            signal.signal(signal.SIGTERM, _handler)
+            previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
+            _own_wakeup = previous == -1
+            if not _own_wakeup:  # someone else's (asyncio): keep it theirs
+                signal.set_wakeup_fd(previous)
+        except (ValueError, OSError):  # a subinterpreter
             _installed = False
     return True
 
