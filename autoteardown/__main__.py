@@ -1,4 +1,4 @@
-"""python -m autoteardown: the same as the `autoteardown` command (see cli.py)."""
+"""python -m autoteardown: the same as the `autoteardown` command (see cli/)."""
 
 import sys
 

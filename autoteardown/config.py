@@ -8,17 +8,12 @@ import sys
 from . import log
 from .integrations import TABLE
 
-INTEGRATIONS = tuple(TABLE)
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
-
 
 def _flag(name, default=False):
     raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
+    if raw in ("1", "true", "yes", "on"):
         return True
-    if raw in _FALSE:
+    if raw in ("", "0", "false", "no", "off"):
         return default
     log.warning_once("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default, tree=True)
     return default
@@ -45,13 +40,13 @@ def _seconds(name, default):
 def _integrations(name):
     raw = os.environ.get(name, "").strip()
     if raw == "*":
-        return set(INTEGRATIONS)
+        return set(TABLE)
     names = {part.strip().lower() for part in raw.split(",") if part.strip()}
-    unknown = sorted(names - set(INTEGRATIONS))
+    unknown = sorted(names - set(TABLE))
     if unknown:
         log.warning_once("%s: unknown integration(s) %s ignored (known: %s)",
-                         name, ", ".join(unknown), ", ".join(INTEGRATIONS), tree=True)
-    return names & set(INTEGRATIONS)
+                         name, ", ".join(unknown), ", ".join(TABLE), tree=True)
+    return names & set(TABLE)
 
 
 def _activation():

@@ -30,17 +30,14 @@ def get_logger():
 
         class Formatter(logging.Formatter):
             def format(self, record):
-                line = super().format(record)
-                if not _debug:
-                    return line
                 rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-                where = f"pid {os.getpid()}" + (f" rank {rank}" if rank else "")
-                return line.replace("autoteardown: ", f"autoteardown: [{where}] ", 1)
+                where = (f"[pid {os.getpid()}" + (f" rank {rank}" if rank else "") + "] ") if _debug else ""
+                return f"autoteardown: {where}{record.levelname}: {super().format(record)}"
 
         logger = logging.getLogger("autoteardown")
         if not logger.handlers:
             handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(Formatter("autoteardown: %(levelname)s: %(message)s"))
+            handler.setFormatter(Formatter())
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel("DEBUG" if _debug else "WARNING")
@@ -76,11 +73,11 @@ def warning_once(msg, *args, tree=False):
         import zlib
 
         key = f"{zlib.crc32(text.encode()):08x}"
-        seen = os.environ.get(TREE_MARKER, "").split(",")
-        if key in seen:
+        seen = os.environ.get(TREE_MARKER, "")
+        if key in seen.split(","):
             return
         try:
-            os.environ[TREE_MARKER] = ",".join([k for k in seen if k] + [key])
+            os.environ[TREE_MARKER] = f"{seen},{key}" if seen else key
         except Exception:
             pass
     warning("%s", text)

@@ -1,11 +1,10 @@
 """The teardown report, for AUTOTEARDOWN_DEBUG=1 (stderr) and AUTOTEARDOWN_REPORT=path.jsonl
 (one JSON line per process that recorded a resource). Imported by the engine only when
-one is set; nothing here raises. The engine calls header() once when armed, then per
+one is set; the engine catches what these raise. It calls header() once when armed, then per
 teardown begin(trigger, code), step(kind, obj, outcome, seconds) per resource (obj None:
 the kind's after-all step) and end(seconds, interrupted).
 """
 
-import functools
 import os
 import sys
 
@@ -19,17 +18,6 @@ _AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)",
               "trackio": "its exit hook taken off (it would finish a run twice)"}
 
 
-def _safe(func):
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except Exception:
-            log.debug_exception("teardown report: %s failed", func.__name__)
-    return wrapper
-
-
-@_safe
 def header(activation=None):
     global _header
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
@@ -38,19 +26,18 @@ def header(activation=None):
                "rank": int(rank) if rank and rank.isdigit() else rank,
                "activation": activation or config.ACTIVATION, "config": config.summary(),
                "argv": list(getattr(sys, "argv", []))[:4]}
+    settings = ", ".join(f"{k.removeprefix('AUTOTEARDOWN_').lower()}={v}" for k, v in _header["config"].items()
+                         if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE"))
     log.debug("armed: autoteardown %s on Python %s, activated by %s; %s", _header["version"], _header["python"],
-              _header["activation"], ", ".join(f"{k.removeprefix('AUTOTEARDOWN_').lower()}={v}" for k, v in config.summary().items()
-                                                if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE")))
+              _header["activation"], settings)
 
 
-@_safe
 def begin(trigger, code):
     global _teardown
     _teardown = {"trigger": trigger, "code": code, "steps": []}
     log.debug("teardown started by %s; exit code handed on: %s", trigger, code)
 
 
-@_safe
 def step(kind, obj, outcome, seconds):
     name = describe(kind, obj)
     if _teardown is not None:
@@ -58,7 +45,6 @@ def step(kind, obj, outcome, seconds):
     log.debug("  %s in %.3fs: %s %s", outcome, seconds, kind, name)
 
 
-@_safe
 def end(seconds, interrupted=False):
     global _teardown, _written
     teardown, _teardown = _teardown, None
@@ -76,11 +62,8 @@ def end(seconds, interrupted=False):
         line = dict(_header or {"pid": os.getpid()}, trigger=teardown["trigger"], code=teardown["code"],
                     seconds=round(seconds, 4), steps=steps, **({"interrupted": True} if interrupted else {}))
         try:  # one write() of an O_APPEND file: the lines of ranks sharing it never interleave
-            fd = os.open(config.REPORT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, (json.dumps(line, default=str) + "\n").encode())
-            finally:
-                os.close(fd)
+            with open(config.REPORT, "ab", buffering=0) as f:
+                f.write((json.dumps(line, default=str) + "\n").encode())
         except OSError as exc:
             log.warning_once("AUTOTEARDOWN_REPORT=%s cannot be written (%s); no report", config.REPORT,
                              exc.strerror or exc)

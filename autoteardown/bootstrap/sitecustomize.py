@@ -13,15 +13,15 @@ def _activate(own_file):
     import os
     import sys
 
+    own = os.path.abspath(own_file)
     try:
         import autoteardown  # noqa: F401
     except Exception as exc:  # never break the interpreter's start
         sys.stderr.write(f"autoteardown: not activated: {type(exc).__name__}: {exc} "
-                         f"(sitecustomize in {os.path.dirname(os.path.abspath(own_file))})\n")
+                         f"(sitecustomize in {os.path.dirname(own)})\n")
     import importlib.machinery
     import importlib.util
 
-    own = os.path.abspath(own_file)
     for entry in sys.path:
         try:
             spec = importlib.machinery.PathFinder.find_spec("sitecustomize", [entry or os.curdir])
@@ -33,9 +33,6 @@ def _activate(own_file):
             with open(spec.origin, "rb") as f:
                 if b"autoteardown-bootstrap-sitecustomize" in f.read():
                     continue  # another copy of this one (the example folder): never loop
-        except OSError:
-            pass
-        try:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         except Exception as err:  # yours, not autoteardown's: reported as site.py does

@@ -10,6 +10,8 @@ unless `supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, 
 
 import sys
 
+from .. import log
+
 # name: (resource kind, trigger modules, what it looks after, (distribution, minimum, below)...)
 TABLE = {
     "torch": ("dataloader", ("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
@@ -48,8 +50,6 @@ def supported(name):
     """True if `name` may patch; otherwise one warning per process tree, and False."""
     reason = unsupported_reason(name)
     if reason:
-        from .. import log
-
         log.warning_once("%s; %s are left alone", reason, TABLE[name][2], tree=True)
     return reason is None
 
@@ -62,16 +62,15 @@ class Patches:
         self._patched = []  # (class or module, attribute name, original, our wrapper)
 
     def wrap(self, owner, name, wrapper):
-        """Wrap owner.name (its own attribute) with wrapt, once. False if already ours or missing."""
+        """Wrap owner.name (its own attribute, if it has it) with wrapt, once."""
         import wrapt
 
         if name not in vars(owner) or any(o is owner and n == name for o, n, _, _ in self._patched):
-            return False
+            return
         original = vars(owner)[name]
         wrapt.wrap_function_wrapper(owner, name, wrapper)
         self._patched.append((owner, name, original, vars(owner)[name]))
         _debug("patched %s.%s", owner, name)
-        return True
 
     def rebind(self, original, wrapper, package):
         """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init):
@@ -82,7 +81,7 @@ class Patches:
             return
         ours = wrapt.FunctionWrapper(original, wrapper)
         for module_name, module in list(sys.modules.items()):
-            if module is None or not (module_name == package or module_name.startswith(package + ".")):
+            if module is None or not f"{module_name}.".startswith(f"{package}."):
                 continue
             for name, value in list(vars(module).items()):
                 if value is original:
@@ -103,22 +102,15 @@ class Patches:
 
 
 def _debug(msg, owner, name):
-    from .. import log
-
     log.debug(msg, getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
 
 
 def version_tuple(text):
-    """'2.13.0+cpu' -> (2, 13, 0); good enough for range checks on release numbers."""
-    parts = []
-    for piece in text.split("+")[0].split("."):
-        digits = len(piece) - len(piece.lstrip("0123456789"))
-        if not digits:
-            break
-        parts.append(int(piece[:digits]))
-        if digits < len(piece):  # '0rc1': a pre-release of 0
-            break
-    return tuple(parts)
+    """'2.13.0+cpu' -> (2, 13, 0), '2.0rc1' -> (2, 0): the release numbers, for range checks."""
+    import re
+
+    match = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(map(int, match.group().split("."))) if match else ()
 
 
 def installed_version(distribution):

@@ -13,7 +13,6 @@ from .. import engine, log, registry
 from . import Patches, get_version as _version, supported
 
 NAME, KIND, ORDER = "distributed", "process_group", 15
-FUNCTIONS = ("init_process_group", "new_group")
 _patches = Patches()
 
 
@@ -27,7 +26,7 @@ def patch():
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
     engine.register_kind(KIND, ORDER, destroy_group)
-    for name in FUNCTIONS:
+    for name in ("init_process_group", "new_group"):
         # torch.distributed and device_mesh bind the same function by name (torch 2.13).
         _patches.rebind(getattr(c10d, name), _record_group, "torch.distributed")
     if dist.is_initialized():  # initialized before autoteardown was imported
@@ -55,9 +54,8 @@ def _record(group):
 
 
 def destroy_group(group, timeout):
-    dist = sys.modules["torch.distributed"]
     try:
-        dist.destroy_process_group(group)
+        sys.modules["torch.distributed"].destroy_process_group(group)
     except ValueError:  # "Invalid process group": destroyed by the script or with the default group
         log.debug("process group already destroyed")
 

@@ -12,8 +12,8 @@ The teardown's own HTTP requests get retries and timeouts cut to the step's budg
 
 import sys
 import time
+import weakref
 import _thread
-from _weakref import ref
 
 from .. import engine, log, registry
 from . import Patches, get_version as _version, supported
@@ -22,7 +22,7 @@ NAME = KIND = "mlflow"
 ORDER = 28  # the private names below: tested on 2.10.2 and 3.17
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 _patches = Patches()
-_runs = {}       # id(ActiveRun) -> (weak ref to it, the stack it was pushed on, tracking URI)
+_runs = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
 _deadlines = {}  # thread ident -> deadline, for the teardown's own requests
 _accepted = ()   # the HTTP settings this mlflow's http_request takes as arguments
 
@@ -33,12 +33,10 @@ def get_version():
 
 def patch():
     global _accepted
-    fluent = sys.modules.get("mlflow.tracking.fluent")
-    if fluent is None:
-        try:  # `import mlflow` imports it; a bare `import mlflow.tracking` may not have yet
-            import mlflow.tracking.fluent as fluent
-        except ImportError:
-            return  # mlflow-tracing: no runs to end
+    try:
+        import mlflow.tracking.fluent as fluent
+    except ImportError:
+        return  # mlflow-tracing: no runs to end
     if _patches or not hasattr(fluent, "start_run") or not supported(NAME):
         return
     import inspect
@@ -48,7 +46,7 @@ def patch():
     _patches.rebind(fluent.start_run, _record_run, "mlflow")  # mlflow and mlflow.tracking.fluent bind it
     _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
     _patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
-    engine.register_kind(KIND, ORDER, end_run, in_child=forget_in_child)
+    engine.register_kind(KIND, ORDER, end_run)
     _patches.wrap(fluent.ActiveRun, "__exit__", _exit_unless_stopped)
     stack = _stack()  # a run started before we were imported
     for run in list(stack or ()):
@@ -85,29 +83,15 @@ def _record(run, stack):
         return
     import mlflow
 
-    key = id(run)
-
-    def drop(dead, key=key):
-        if _runs.get(key, (None,))[0] is dead:
-            _runs.pop(key, None)
-
     # The stack, not the thread: a new thread with a dead one's ident replaces its stack.
     # The URI: a later set_tracking_uri() must not send our end to another store.
-    _runs[key] = (ref(run, drop), stack, mlflow.get_tracking_uri())
+    _runs[run] = (stack, mlflow.get_tracking_uri())
     registry.record(KIND, run)
 
 
-def forget_in_child(run):
-    # The parent's runs are the parent's to end (mlflow 3 resets its stacks in the child).
-    _runs.pop(id(run), None)
-
-
 def end_run(run, timeout):
-    entry = _runs.pop(id(run), None)
-    if entry is None or entry[0]() is not run:
-        return None
-    _, stack, uri = entry
-    index = next((i for i, r in enumerate(stack) if r is run), None)
+    stack, uri = _runs.pop(run, (None, None))
+    index = next((i for i, r in enumerate(stack or ()) if r is run), None)
     if index is None:
         return None  # ended by the user: end_run() or the end of a `with` block
     # Off the stack before any call that can hang; nested runs above it end first.

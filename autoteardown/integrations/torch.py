@@ -30,15 +30,10 @@ def patch():
     if not supported(NAME):
         return
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child, on_sigterm=unwatch_workers)
-    for module_name, class_name in TARGETS:
+    for module_name, class_name in TARGETS:  # every supported release has _get_iterator
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None:
-            continue
-        if "_get_iterator" not in vars(cls):
-            log.warning_once("%s has no _get_iterator (unsupported version); DataLoader workers are left alone",
-                             class_name, tree=True)
-            continue
-        _patches.wrap(cls, "_get_iterator", _record_iterator)
+        if cls is not None:
+            _patches.wrap(cls, "_get_iterator", _record_iterator)
     from multiprocessing import resource_sharer
 
     from .. import signals
@@ -121,10 +116,8 @@ def describe(it):
         except Exception:
             code = None
         states.append(None if code is None else _EXITCODE_WORDS.get(code, f"exit {code}"))
-    text = f"{loader} with {len(workers)} worker(s) (pid {', '.join(str(w.pid) for w in workers)}"
-    if len(set(states)) == 1 and states[0] is not None:
-        text += f": {states[0]}"
-    elif any(states):
-        text = f"{loader} with {len(workers)} worker(s) (" + ", ".join(
-            f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states))
-    return text + ")"
+    if len(set(states)) == 1:
+        detail = "pid " + ", ".join(str(w.pid) for w in workers) + (f": {states[0]}" if states[0] else "")
+    else:
+        detail = ", ".join(f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states))
+    return f"{loader} with {len(workers)} worker(s) ({detail})"
