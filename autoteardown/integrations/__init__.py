@@ -46,6 +46,12 @@ def unsupported_reason(name):
     return next(filter(None, (check_version(*row) for row in TABLE[name][3:])), None)
 
 
+def contract(name, patches):
+    """ddtrace's get_version() and unpatch() for integration `name`: its version, and
+    patches.restore(), which puts back by identity what patch() wrapped."""
+    return (lambda: get_version(name)), patches.restore
+
+
 def supported(name):
     """True if `name` may patch; otherwise one warning per process tree, and False."""
     reason = unsupported_reason(name)

@@ -10,14 +10,11 @@ runs with `import torch` (it imports torch.distributed): it only wraps functions
 import sys
 
 from .. import engine, log, registry
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 
 NAME, KIND, ORDER = "distributed", "process_group", 15
 _patches = Patches()
-
-
-def get_version():
-    return _version(NAME)
+get_version, unpatch = contract(NAME, _patches)
 
 
 def patch():
@@ -31,10 +28,6 @@ def patch():
         _patches.rebind(getattr(c10d, name), _record_group, "torch.distributed")
     if dist.is_initialized():  # initialized before autoteardown was imported
         _record(dist.group.WORLD)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_group(wrapped, instance, args, kwargs):

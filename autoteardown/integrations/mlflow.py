@@ -16,19 +16,16 @@ import weakref
 import _thread
 
 from .. import engine, log, registry
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 
 NAME = KIND = "mlflow"
 ORDER = 28  # the private names below: tested on 2.10.2 and 3.17
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
 _patches = Patches()
+get_version, unpatch = contract(NAME, _patches)
 _runs = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
 _deadlines = {}  # thread ident -> deadline, for the teardown's own requests
 _accepted = ()   # the HTTP settings this mlflow's http_request takes as arguments
-
-
-def get_version():
-    return _version(NAME)
 
 
 def patch():
@@ -51,10 +48,6 @@ def patch():
     stack = _stack()  # a run started before we were imported
     for run in list(stack or ()):
         _record(run, stack)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _stack():

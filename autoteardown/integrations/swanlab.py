@@ -22,16 +22,12 @@ import threading
 import traceback
 
 from .. import engine, log, registry
-from . import Patches, supported
-from . import get_version as _version
+from . import Patches, contract, supported
 
 NAME = KIND = "swanlab"
 ORDER = 26  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
 _patches = Patches()
-
-
-def get_version():
-    return _version(NAME)
+get_version, unpatch = contract(NAME, _patches)
 
 
 def patch():
@@ -45,10 +41,6 @@ def patch():
         registry.record(KIND, get_run())
     except RuntimeError:
         pass
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_run(wrapped, instance, args, kwargs):

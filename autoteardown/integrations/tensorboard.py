@@ -5,16 +5,13 @@ is lost. Order 25: before wandb (30), which can sync TensorBoard files.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 
 NAME = KIND = "tensorboard"
 ORDER = 25
 TARGETS = (("torch.utils.tensorboard.writer", "SummaryWriter"), ("tensorboardX.writer", "SummaryWriter"))
 _patches = Patches()
-
-
-def get_version():
-    return _version(NAME)
+get_version, unpatch = contract(NAME, _patches)
 
 
 def patch():
@@ -25,10 +22,6 @@ def patch():
         cls = getattr(sys.modules.get(module_name), class_name, None)
         if cls is not None:
             _patches.wrap(cls, "__init__", _record_writer)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_writer(wrapped, instance, args, kwargs):

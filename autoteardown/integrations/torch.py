@@ -11,7 +11,7 @@ import sys
 import time
 
 from .. import engine, log, registry
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 
 NAME, KIND, ORDER = "torch", "dataloader", 10
 TARGETS = (
@@ -19,11 +19,8 @@ TARGETS = (
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
 _patches = Patches()
+get_version, unpatch = contract(NAME, _patches)
 _EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
-
-
-def get_version():
-    return _version(NAME)
 
 
 def patch():
@@ -39,10 +36,6 @@ def patch():
     from .. import signals
 
     _patches.wrap(resource_sharer.DupFd, "detach", signals.critical)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_iterator(wrapped, instance, args, kwargs):

@@ -19,16 +19,12 @@ import atexit
 import sys
 
 from .. import engine, log, registry
-from . import Patches, supported
-from . import get_version as _version
+from . import Patches, contract, supported
 
 NAME = KIND = "trackio"
 ORDER = 27  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
 _patches = Patches()
-
-
-def get_version():
-    return _version(NAME)
+get_version, unpatch = contract(NAME, _patches)
 
 
 def patch():
@@ -42,10 +38,6 @@ def patch():
     run = context_vars.current_run.get()  # a run started before we were imported
     if run is not None:
         registry.record(KIND, run)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_run(wrapped, instance, args, kwargs):

@@ -10,15 +10,12 @@ import os
 import sys
 
 from .. import engine, log, registry
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 
 NAME = KIND = "wandb"
 ORDER = 30  # the private names below: tested on 0.22.0 and 0.31
 _patches = Patches()
-
-
-def get_version():
-    return _version(NAME)
+get_version, unpatch = contract(NAME, _patches)
 
 
 def patch():
@@ -36,10 +33,6 @@ def patch():
             runs = list(setup._active_runs)
         for run in runs:
             _record(run)
-
-
-def unpatch():
-    _patches.restore()
 
 
 def _record_run(wrapped, instance, args, kwargs):
