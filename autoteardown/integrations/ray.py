@@ -1,19 +1,12 @@
 """Ray actors: an actor that is ended really ends, and what it held is finalized first.
 
-Three ideas, one module each:
-- ray_driver.py: a process that holds actor handles (the driver, an actor that
-  creates actors, Ray Train's controller) ends its live actors that recorded
-  something with SIGTERM at its exit and kills any that outlives the grace.
-- ray_worker.py: inside an actor, Ray's SIGTERM handler only asks; the teardown
-  runs as the method unwinds (or on a runner when idle), before Ray kills the
-  actor's children; exit_actor and Ray Train v2's worker shutdown finalize first.
-- ray_cluster.py: the runtime_env hook that brings the shim (and wrapt) to
-  every worker of a cluster.
-
-Tested on ray 2.40.0 and 2.60.0 (the private names used: ActorHandle._actor_method_call,
+The entry point: ray_driver.py (the side that holds actor handles), ray_worker.py
+(inside an actor) and ray_cluster.py (the runtime_env hook) each state their rules.
+Tested on ray 2.40.0 and 2.60.0; the private names relied on: ActorHandle._actor_method_call,
 ActorClass._remote, Node.kill_all_processes, ray._private.state.actors,
 ray._private.utils.set_sigterm_handler, FunctionActorManager._make_actor_method_executor,
-Ray Train v2's RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback).
+the GCS client's internal_kv_*, Ray Train v2's RayTrainWorker.shutdown and
+thread_runner.construct_user_exception_with_traceback.
 """
 
 from . import Patches, get_version as _version, supported

@@ -1,34 +1,32 @@
-"""The side that holds actor handles (a driver, an actor that creates actors,
-Ray Train's controller): actors it ends really end, and live ones tear down first.
+"""The side that holds actor handles (a driver, an actor that creates actors, Ray
+Train's controller): actors it ends really end, and live ones tear down first.
 
-- Every actor method call, `__ray_terminate__` included, goes through
-  `ActorHandle._actor_method_call(method_name, ...)`. After `__ray_terminate__`
-  GCS marks the actor DEAD at once but keeps its pid and node; if its teardown
-  hangs, the process lives on with its memory and `ray.kill` is a no-op.
-- When the creating process exits, its actors are force-killed with no Python
-  hook, and a call queued behind a running method never runs. So at its exit,
-  at `ray.shutdown()`, and before Ray kills its own processes (the head node's
-  SIGTERM handler does that first), each live, non-detached actor it created
-  that recorded something (ray_worker._announce) is sent SIGTERM (the actor's
-  side, ray_worker.py, turns it into its teardown); the others are Ray's.
-- Either way the process that ended the actor kills its pid
-  AUTOTEARDOWN_RAY_GRACE_S later if it is still the same Ray worker. The GCS
-  lookups run on a runner and the timer is the helper thread's (signals.alarm).
-  For an actor on another node a zero-CPU task pinned there does it (it needs a
-  fresh worker process there first: 2.3 s measured).
+- After `__ray_terminate__` (sent, as every actor method call, through
+  `ActorHandle._actor_method_call`) GCS marks the actor DEAD at once but keeps its pid
+  and node; if its teardown hangs, the process lives on and `ray.kill` is a no-op.
+- When the creating process exits, its actors are force-killed with no Python hook, and
+  a call queued behind a running method never runs. So at its exit, at `ray.shutdown()`
+  and before Ray kills its own processes (the head node's SIGTERM handler), each live,
+  non-detached actor it created that recorded something is sent SIGTERM (ray_worker.py
+  turns it into its teardown); the others are Ray's (ray_worker._announce). Their pids
+  are looked up soon after they start (`_learn`): a stopped job's GCS is going away then.
+- Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S
+  later if it is still the same Ray worker: the timer is the helper thread's, the work a
+  runner's. On another node a zero-CPU task pinned there does it (it needs a fresh
+  worker process first, 2.3 s measured, which overlaps the grace).
 """
 
 import signal
+import threading
 import time
 
-from .. import config, engine, log, registry
+from .. import config, engine, log, registry, signals
 from . import ray_worker
 
 KIND = "ray"
 ORDER = 20
-_collected = []       # what the engine handed us at exit: handles and _Ending
-_detached_job = {}    # job id -> whether the job's actors are detached by default
-_known = {}           # actor id -> its GCS record once ALIVE (pid, node)
+_collected = []  # what the engine handed us at exit: handles and _Ending
+_known = {}      # actor id -> its GCS record once ALIVE (pid, node)
 
 
 def patch(patches):
@@ -57,9 +55,7 @@ def _on_actor_created(wrapped, instance, args, kwargs):
 
 def _learn(actor_id, delay, give_up=None):
     """Look up a new actor's process once it runs (every `delay`, growing to 2 s, for a
-    minute), while GCS answers: a stopped job's GCS is going away as we end its actors."""
-    from .. import signals
-
+    minute), while GCS answers: at the exit of a stopped job, GCS is going away."""
     give_up = give_up or time.monotonic() + 60
 
     def lookup():
@@ -82,16 +78,11 @@ def _detached(lifetime):
         return lifetime == "detached"
     import ray
 
-    # lifetime=None takes the job's default (JobConfig(default_actor_lifetime=...)).
-    worker = ray._private.worker.global_worker
-    try:
-        job = worker.current_job_id.hex()
-        if job not in _detached_job:
-            from ray.core.generated import common_pb2
+    try:  # lifetime=None takes the job's default (JobConfig(default_actor_lifetime=...))
+        from ray.core.generated import common_pb2
 
-            job_config = worker.core_worker.get_job_config()
-            _detached_job[job] = job_config.default_actor_lifetime == common_pb2.JobConfig.ActorLifetime.DETACHED
-        return _detached_job[job]
+        job_config = ray._private.worker.global_worker.core_worker.get_job_config()
+        return job_config.default_actor_lifetime == common_pb2.JobConfig.ActorLifetime.DETACHED
     except Exception:  # Ray Client has no core worker here: as before, the driver's
         log.debug_exception("could not read the job's default actor lifetime")
         return False
@@ -106,7 +97,7 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
     try:
         registry.forget(instance)  # it will not be asked to finalize: it is ending
         _known.pop(instance._ray_actor_id.hex(), None)
-        terminated = _Ending(instance._ray_actor_id.hex(), requested_at)
+        terminated = _Ending(instance, requested_at)
         registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
         engine.run_soon(terminated.locate)
     except Exception:
@@ -138,17 +129,22 @@ def collect(obj, timeout):
 
 
 def finalize_collected(timeout):
-    """End every collected actor: SIGTERM the live ones (their own teardown follows), then
-    wait for all of them, terminated ones too, to be gone or killed, within `timeout`."""
+    """End every collected actor: SIGTERM the live ones that recorded something (their own
+    teardown follows), then wait for all of them, terminated ones too, to be gone or
+    killed, within `timeout`."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
-    now, live = time.time(), armed([o._ray_actor_id.hex() for o in objs if not isinstance(o, _Ending)])
-    ending = [o if isinstance(o, _Ending) else _Ending(o._ray_actor_id.hex(), now, signal.SIGTERM) for o in objs
-              if isinstance(o, _Ending) or o._ray_actor_id.hex() in live]
+    handles = [o for o in objs if not isinstance(o, _Ending)]
+    live, now = armed([h._ray_actor_id.hex() for h in handles]), time.time()
+    ending = [o for o in objs if isinstance(o, _Ending)]
+    ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
+               if h._ray_actor_id.hex() in live]
     try:
         for actor in ending:
             actor.locate()
-        _drain(ending, deadline)
+        until = min(deadline, max((actor.due for actor in ending), default=0.0) + 1.0)
+        while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
+            time.sleep(0.05)
     finally:
         ray_worker.restore_ray_abort()
     idle = len(objs) - len(ending)
@@ -160,9 +156,9 @@ def armed(actor_ids):
     keys out of GCS; all of them if GCS does not answer within a second."""
     import ray
 
-    keys = [actor_id.encode() for actor_id in actor_ids]
     try:
         gcs = ray._private.worker.global_worker.gcs_client
+        keys = [actor_id.encode() for actor_id in actor_ids]
         found = gcs.internal_kv_multi_get(keys, ray_worker.ARMED, timeout=1.0) if keys else {}
         for key in found:
             gcs.internal_kv_del(key, False, ray_worker.ARMED, timeout=1.0)
@@ -177,123 +173,100 @@ def armed(actor_ids):
 class _Ending:
     """An actor told to end (or sent `signum` now), watched until its process is gone."""
 
-    def __init__(self, actor_id, requested_at, signum=None):
-        self.actor_id = actor_id
-        self.requested_at = requested_at                      # wall clock: compared on the actor's node
-        self.signum = signum
+    def __init__(self, handle, requested_at, signum=None, info=None):
+        self.actor_id = handle._ray_actor_id.hex()
+        descriptor = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+        self.class_name = getattr(descriptor, "class_name", None) or "actor"
+        self.requested_at = requested_at  # wall clock: compared on the actor's node
+        self.signum, self.info = signum, info  # info: its GCS record, if _learn has it
         self.due = time.monotonic() + config.RAY_GRACE
-        self.pid = self.node_id = self.kill_task = self.class_name = None
-        self.local = True
+        self.pid = self.kill_task = None
         self.done = False
+        self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
     def locate(self):
         """In a runner: find the actor's process (GCS keeps it after DEAD), send it the
-        signal, then look again when the grace is over (here) or watch the task that
-        does both (there)."""
+        signal, and watch it: here, or through a task on its node that sends the signal
+        and kills it at the grace."""
         import ray
         import ray._private.state
 
         if self.pid is not None:
             return
-        self.pid = 0
+        self.pid = 0  # being located
         try:
-            info = (self.signum and _known.pop(self.actor_id, None)) or ray._private.state.actors(self.actor_id) or {}
-            self.pid = info.get("Pid") or 0
-            self.class_name = info.get("ActorClassName") or "actor"
-            ended_ms = info.get("EndTime") or 0
+            info = self.info or ray._private.state.actors(self.actor_id) or {}
+            state, ended_ms, pid = info.get("State"), info.get("EndTime") or 0, info.get("Pid") or 0
             # DEAD before our request (ended earlier): its pid may belong to someone else by now.
-            if self.pid <= 0 or info.get("State") not in ("ALIVE", "DEAD") or (self.signum and info.get("State") != "ALIVE") or (
-                    info.get("State") == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
+            if pid <= 0 or state not in ("ALIVE", "DEAD") or (self.signum and state != "ALIVE") or (
+                    state == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
                 return self.finish()
-            self.node_id = info.get("Address", {}).get("NodeID")
-            self.local = not self.node_id or self.node_id == ray.get_runtime_context().get_node_id()
-            if not self.local:
-                self.kill_task = _remote_kill_on(self.node_id).remote(
-                    self.pid, self.requested_at, self.requested_at + config.RAY_GRACE, self.signum)
+            node_id = info.get("Address", {}).get("NodeID")
+            if node_id and node_id != ray.get_runtime_context().get_node_id():
+                self.kill_task = _remote_kill_on(node_id).remote(
+                    pid, self.requested_at, self.requested_at + config.RAY_GRACE, self.signum)
             elif self.signum:
-                _kill_if_same_process(self.pid, self.requested_at, self.signum)
-            self.later(self.due if self.local else self.due + 0.5)
+                _kill_if_same_process(pid, self.requested_at, self.signum)
+            self.pid = pid
+            self.watch()
         except Exception:
             log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()
 
-    def later(self, when):
-        from .. import signals
+    def watch(self):
+        """Poll at the grace, then every half second until done."""
+        if not self.poll():
+            signals.alarm(max(self.due, time.monotonic() + 0.5), lambda: engine.run_soon(self.watch))
 
-        signals.alarm(when, lambda: engine.run_soon(self.check))
+    def poll(self):
+        """Done yet? Here: its process is gone, or the grace is over and it is killed. There:
+        the task has returned (or the grace is 30 s over)."""
+        import ray
 
-    def check(self):
-        if self.done:
-            return
-        try:
-            if self.local:
-                self.reap_here()
-            elif not self.task_finished() and time.monotonic() < self.due + 30:
-                return self.later(time.monotonic() + 0.5)
-        except Exception:
-            log.debug_exception("reaping actor %s failed", self.actor_id[:8])
-        self.finish()
+        with self._lock:
+            if self.done or not self.pid:
+                return self.done  # or still being located
+            try:
+                killed = False
+                if self.kill_task is not None:
+                    ready, _ = ray.wait([self.kill_task], timeout=0)
+                    if not ready and time.monotonic() < self.due + 30:
+                        return False
+                    killed = ready and ray.get(ready[0], timeout=0)
+                elif time.monotonic() >= self.due:
+                    killed = _kill_if_same_process(self.pid, self.requested_at)
+                elif _kill_if_same_process(self.pid, self.requested_at, 0):  # signal 0: still there?
+                    return False
+                if killed:
+                    log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
+                                self.actor_id[:8], self.pid, time.time() - self.requested_at,
+                                "SIGTERM" if self.signum else "__ray_terminate__")
+            except Exception:
+                log.debug_exception("reaping actor %s failed", self.actor_id[:8])
+            self.finish()
+            return True
 
     def finish(self):
         self.done = True
         registry.forget(self)
 
-    def gone_here(self):
-        import psutil
-
-        try:
-            return psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    def task_finished(self):
-        import ray
-
-        ready, _ = ray.wait([self.kill_task], timeout=0)
-        if ready:
-            self.report(ray.get(ready[0], timeout=0))
-        return bool(ready)
-
-    def reap_here(self):
-        self.report(_kill_if_same_process(self.pid, self.requested_at))
-
-    def report(self, killed):
-        if killed:
-            log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name, self.actor_id[:8],
-                        self.pid, time.time() - self.requested_at, "SIGTERM" if self.signum else "__ray_terminate__")
-
-
-def _drain(terminated, until):
-    """At exit: wait for these to be reaped, until `until` (monotonic) at the latest. One
-    on this node that is gone already ends its wait at once (not our child: polled)."""
-    pending = [t for t in terminated if not t.done]
-    until = min(until, max((t.due for t in pending), default=0.0) + 1.0)
-    while pending and time.monotonic() < until:
-        time.sleep(0.05)
-        pending = [t for t in pending if not t.done and not (t.local and t.pid and t.gone_here())]
-    for t in pending:  # the timer may not get to them before the process ends
-        if t.local and t.pid and not t.done and time.monotonic() >= t.due:
-            t.done = True
-            t.reap_here()
-
 
 def _make_kill_if_same_process():
-    # By value (see above): these also run in a zero-CPU task on the actor's node.
+    # Nested, so that cloudpickle ships them by value: they also run in a zero-CPU task on
+    # the actor's node, where autoteardown may not be installed.
     def kill_if_same_process(pid, not_after, signum=9):
-        """Send `signum` (SIGKILL) to `pid` if it is still the Ray worker that existed at `not_after`."""
+        """Send `signum` (SIGKILL) to `pid` if it is still the Ray worker that existed at
+        `not_after`; signal 0 only asks whether it is."""
         import os
 
         import psutil
 
         try:
             process = psutil.Process(pid)
-            # A reused pid belongs to a process created after the request.
-            if process.create_time() > not_after:
-                return False
             command = " ".join(process.cmdline())
-            if "ray::" not in command and "default_worker.py" not in command:
-                return False
-            if process.status() == psutil.STATUS_ZOMBIE:
+            # A reused pid belongs to a process created after the request.
+            if process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
+                    "ray::" not in command and "default_worker.py" not in command):
                 return False
             os.kill(pid, signum)
             return True
@@ -305,15 +278,10 @@ def _make_kill_if_same_process():
         first, then kill it if it is still there."""
         import time
 
-        import psutil
-
         if signum:
             kill_if_same_process(pid, not_after, signum)
         while time.time() < due:
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
+            if not kill_if_same_process(pid, not_after, 0):
                 return False
             time.sleep(0.05)
         return kill_if_same_process(pid, not_after)

@@ -1,8 +1,9 @@
 """Inside a Ray actor: finalize while the actor's children still live.
 
-Ray SIGKILLs an exiting actor's children (wandb-core, DataLoader workers) before
-its atexit runs, and `ray.kill` leaves no Python hook, so the actor finalizes
-where Ray tells it to end:
+Ray SIGKILLs an exiting actor's children (wandb-core, DataLoader workers) before its
+atexit runs, and `ray.kill` runs no Python hook, so the actor finalizes where Ray tells
+it to end. One budget: its creator kills it AUTOTEARDOWN_RAY_GRACE_S after asking; the
+teardown gets the grace minus a second, and a watchdog ends the process just inside it.
 
 - SIGTERM. Every handler Ray sets goes through `set_sigterm_handler`; ours, chained
   before it, only asks (`_ask`). A method running in the main thread is unwound by
@@ -10,22 +11,20 @@ where Ray tells it to end:
   actor tears down on a runner and gets the signal again for Ray's own exit. Ray's
   3 s abort after a SIGTERM waits for our teardown (`_defer_ray_abort`).
 - `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time.
-- Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`):
-  a training function still running is stopped first, so that this rank is not
-  reported as failed. The patch is a plain function with the original's
-  __module__ and __qualname__: Ray pickles methods by reference, so each worker
-  resolves its own (a wrapt proxy does not survive Ray's tracing injection).
-
-One budget: the creator kills an actor AUTOTEARDOWN_RAY_GRACE_S after it asked it
-to end; the teardown gets the grace minus a second, and a watchdog ends the
-process just inside the grace.
+- Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`). The
+  patch is a plain function with the original's __module__ and __qualname__: Ray pickles
+  methods by reference, so each worker resolves its own (a wrapt proxy does not survive
+  Ray's tracing injection).
 """
 
+import faulthandler
 import functools
+import gc
 import os
 import signal
 import sys
 import threading
+import time
 
 from .. import config, engine, log, registry, signals
 
@@ -64,11 +63,9 @@ def patch(patches):
 
 def unpatch():
     global _train_original
-    module = sys.modules.get(TRAIN_V2_WORKER)
-    worker_class = getattr(module, "RayTrainWorker", None)
-    if _train_original is not None and getattr(worker_class, "shutdown", None) is not _train_original:
-        if getattr(worker_class.shutdown, "__wrapped__", None) is _train_original:
-            worker_class.shutdown = _train_original
+    worker_class = getattr(sys.modules.get(TRAIN_V2_WORKER), "RayTrainWorker", None)
+    if _train_original is not None and getattr(worker_class.shutdown, "__wrapped__", None) is _train_original:
+        worker_class.shutdown = _train_original  # only if it is still ours
     _train_original = None
 
 
@@ -138,8 +135,6 @@ def restore_ray_abort():
 
 
 def _teardown_then_resend():
-    import time
-
     until = time.monotonic() + 1.0
     while signals.main_thread_in(_ask.__code__) and time.monotonic() < until:
         time.sleep(0.005)  # the handler that asked has returned: no teardown inside it
@@ -150,17 +145,30 @@ def _teardown_then_resend():
 
 
 def _teardown(interrupted):
-    """The exit code: a Ray Train worker's function's; else 143 if the SIGTERM cut a
-    method short, and the process's own (0) for an actor ended between two methods."""
+    """Finalize while the worker and its children are still healthy, within the grace the
+    creator allows, and make sure the process ends inside it. The exit code: a Ray Train
+    worker's function's; else 143 if the SIGTERM cut a method short, and the process's own
+    (0) for an actor ended between two methods or by exit_actor."""
     global _tearing, _done
-    if not _tearing:
-        _tearing = True
-        code = train_exit_code()
-        try:
-            finalize_in_band(config.RAY_GRACE, SIGTERM_CODE if code is None and interrupted else code)
-        finally:
-            _done = True
-            restore_ray_abort()
+    if _tearing:
+        return
+    _tearing = True
+    code = train_exit_code()
+    code = SIGTERM_CODE if code is None and interrupted else code
+    try:
+        signals.alarm(time.monotonic() + max(0.5, config.RAY_GRACE - 0.25), _overdue)  # before anything can hang
+        engine.finalize(_budget(config.RAY_GRACE), exit_code=code)
+        gc.collect()
+    finally:
+        _done = True
+        restore_ray_abort()
+
+
+def _overdue():
+    """A hung finalizer or __del__ (in gc.collect() or interpreter teardown): its stack in
+    the worker's log, and the process ends inside the grace."""
+    faulthandler.dump_traceback(all_threads=True)
+    signals.end_process(code=1)
 
 
 def _on_make_executor(wrapped, instance, args, kwargs):
@@ -186,7 +194,7 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 def _on_actor_exit(wrapped, instance, args, kwargs):
     try:
         if _in_actor():
-            finalize_in_band(config.RAY_GRACE, train_exit_code())
+            _teardown(interrupted=False)
     except Exception:
         log.debug_exception("in-band finalize at exit_actor failed")
     return wrapped(*args, **kwargs)
@@ -197,22 +205,6 @@ def _budget(patience):
     return min(config.TIMEOUT, max(0.5, patience - 1.0))
 
 
-def finalize_in_band(grace, exit_code=None):
-    """Finalize while the worker and its children are still healthy, within the
-    grace the creator allows, and make sure the process ends inside it."""
-    import faulthandler
-    import gc
-    import time
-
-    def overdue():  # a hung finalizer or __del__ (in gc.collect() or interpreter teardown)
-        faulthandler.dump_traceback(all_threads=True)  # its stack in the worker's log
-        signals.end_process(code=1)
-
-    signals.alarm(time.monotonic() + max(0.5, grace - 0.25), overdue)  # first: armed before anything can hang
-    engine.finalize(_budget(grace), exit_code=exit_code)
-    gc.collect()
-
-
 # ---- Ray Train v2 -------------------------------------------------------------
 
 class TrainingStopped(SystemExit):
@@ -221,8 +213,7 @@ class TrainingStopped(SystemExit):
 
 def patch_train_worker():
     global _train_original
-    module = sys.modules[TRAIN_V2_WORKER]
-    worker_class = module.RayTrainWorker
+    worker_class = sys.modules[TRAIN_V2_WORKER].RayTrainWorker
     original = vars(worker_class).get("shutdown")
     if original is None or _train_original is not None:
         return
@@ -256,34 +247,27 @@ def _unless_stopped(wrapped, instance, args, kwargs):
 
 
 def _finalize_train_worker():
+    """A training function still running (another rank failed, the group is shutting
+    down) is stopped first: resources torn down under it would make it raise, and Ray
+    Train would log this rank as failed. TrainingStopped is raised at its next bytecode (a
+    SystemExit: its `finally` blocks run), and Ray Train is told not to log it."""
+    import ctypes
+
     try:
         if not _in_actor():
             return
-        patience = _train_patience()
-        code = train_exit_code()
-        if code == SIGTERM_CODE:
-            _stop_training_thread(_budget(patience) / 2)
-        log.debug("Ray Train worker %d: finalizing in-band (exit code %s, patience %.1fs)", os.getpid(), code, patience)
-        engine.finalize(_budget(patience) / (2 if code == SIGTERM_CODE else 1), exit_code=code)
+        code, budget = train_exit_code(), _budget(_train_patience())
+        thread = getattr(_train_runner(), "_thread", None)
+        if code == SIGTERM_CODE and thread is not None and thread.is_alive():
+            budget /= 2  # half to stop it, half to finalize
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                       ctypes.py_object(TrainingStopped))
+            thread.join(budget)
+        log.debug("Ray Train worker %d: finalizing in-band (exit code %s, %.1fs, training thread %s)", os.getpid(),
+                  code, budget, "running" if thread is not None and thread.is_alive() else "ended")
+        engine.finalize(budget, exit_code=code)
     except Exception:
         log.debug_exception("Ray Train worker: in-band finalize failed")
-
-
-def _stop_training_thread(timeout):
-    """Another rank failed and the group is shutting down while this rank's training
-    function runs on: resources torn down under it would make it raise, and Ray Train
-    would log this rank as failed. So it is stopped first, with TrainingStopped raised
-    at its next bytecode (a SystemExit: its `finally` blocks run), which Ray Train is
-    told not to log."""
-    import ctypes
-
-    runner = _train_runner()
-    thread = getattr(runner, "_thread", None)
-    if thread is None or not thread.is_alive():
-        return
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TrainingStopped))
-    thread.join(timeout)
-    log.debug("Ray Train worker %d: training thread %s", os.getpid(), "stopped" if not thread.is_alive() else "still running")
 
 
 def _train_runner():
