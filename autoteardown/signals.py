@@ -47,7 +47,6 @@ _main = threading.main_thread().ident
 _hold = 0             # critical sections the main thread is in
 _pending = False      # an unwind waits for the critical section to end
 _raised = False       # our Stop was raised in the main thread
-_resend = False       # the helper is to send SIGTERM again (a Stop was swallowed)
 
 
 class Stop(SystemExit):
@@ -91,11 +90,11 @@ def uninstall():
 
 def reset_in_child():
     """A fork child: the default SIGTERM, no helper, no timers, none of the parent's pipe."""
-    global _installed, _lock, _main, _hold, _pending, _raised, _resend
+    global _installed, _lock, _main, _hold, _pending, _raised
     if signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _installed, _lock, _main = None, threading.Lock(), threading.get_ident()
-    _hold, _pending, _raised, _resend = 0, False, False, False
+    _hold, _pending, _raised = 0, False, False
     _alarms.clear()
     _soon.clear()
     _stop_helper(join=False)
@@ -140,11 +139,9 @@ def critical(wrapped, instance, args, kwargs):
 def on_unraisable(wrapped, instance, args, kwargs):
     """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is not
     printed; the helper sends SIGTERM again once the main thread has left this hook."""
-    global _resend
     unraisable = args[0] if args else kwargs.get("unraisable")
     if isinstance(getattr(unraisable, "exc_value", None), Stop) and _installed:
-        _resend = True
-        _wake()
+        soon(_resend_signal)
         return None
     return wrapped(*args, **kwargs)
 
@@ -277,8 +274,6 @@ def _serve(read_fd):
                 action()
             except Exception:
                 log.debug_exception("alarm failed")
-        if _resend and not _resend_signal():
-            waits.append(0.001)
         try:
             ready, _, _ = select.select([read_fd], [], [], max(0.0, min(waits)) if waits else None)
             data = os.read(read_fd, 512) if ready else b""
@@ -297,14 +292,13 @@ def _serve(read_fd):
 
 
 def _resend_signal():
-    """Send the swallowed SIGTERM again, unless the main thread is still in the
-    unraisable hook (the handler would raise into it): then False."""
-    global _resend, _raised
+    """Send the swallowed SIGTERM again once the main thread has left the unraisable
+    hook (the handler would raise into it): polled every millisecond."""
+    global _raised
     if main_thread_in(on_unraisable.__code__):
-        return False
-    _resend = _raised = False
+        return alarm(time.monotonic() + 0.001, _resend_signal)
+    _raised = False
     os.kill(os.getpid(), signal.SIGTERM)
-    return True
 
 
 def main_thread_in(code):
