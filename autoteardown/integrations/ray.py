@@ -9,20 +9,17 @@ the GCS client's internal_kv_*, Ray Train v2's RayTrainWorker.shutdown and
 thread_runner.construct_user_exception_with_traceback.
 """
 
-from . import Patches, get_version as _version, supported
+from . import Patches, contract, supported
 from . import ray_cluster, ray_driver, ray_worker
 
 NAME = KIND = ray_driver.KIND
 _patches = Patches()
+get_version = contract(NAME, _patches)[0]
 
 # Kept importable here: autoteardown.ray_runtime_env_hook delegates to it and
 # users' configurations name these paths.
 runtime_env_hook = ray_cluster.runtime_env_hook
 setup_hook = ray_cluster.setup_hook
-
-
-def get_version():
-    return _version(NAME)
 
 
 def patch():
