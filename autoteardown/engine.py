@@ -113,16 +113,7 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
         log.warning("another teardown is still running; not finalized")
         return None
     _finalizer, _code_override, stop = _thread.get_ident(), exit_code, []
-
-    def steps():
-        global _finalizer, _code_override
-        try:
-            _run_steps(deadline, only, stop, why)
-        finally:
-            _finalizer = _code_override = None
-            _busy.release()
-
-    outcome, interrupted = _in_runner(steps, (), deadline + 1.0, "the teardown")
+    outcome, interrupted = _in_runner(_run_steps, (deadline, only, stop, why), deadline + 1.0, "the teardown")
     if outcome and isinstance(outcome[0], BaseException):
         log.debug_exception("finalize failed", exc_info=outcome[0])
     if interrupted is not None:
@@ -132,19 +123,20 @@ def _finalize(deadline, only=None, exit_code=None, why=None):
 
 
 def _run_steps(deadline, only, stop, why):
+    """The teardown's steps, in a runner; it ends the teardown (`_busy`) when they are done."""
+    global _finalizer, _code_override
     started, steps = time.monotonic(), []
     for _, kind, finalize_one, after_all, _, _ in list(_kinds):  # a copy is atomic, as on_signal's
         objs = registry.live(kind) if only is None or kind in only else ()
         steps += [(kind, obj, finalize_one) for obj in objs] + [(kind, None, after_all)] * bool(after_all and objs)
-    if not steps and only is not None:
-        return  # a partial finalize() with nothing to do: the exit reports
-    code, _, trigger = ending()
-    _report("begin", why or trigger, code)
     try:
+        if steps or only is None:  # a partial finalize() with nothing to do: the exit reports
+            code, _, trigger = ending()
+            _report("begin", why or trigger, code)
         for index, (kind, obj, func) in enumerate(steps):
             remaining, left = deadline - time.monotonic(), len(steps) - index
             if stop:
-                return
+                break
             if remaining <= 0:
                 log.warning("deadline reached; not finalized: %s", ", ".join(_name(k, o) for k, o, _ in steps[index:]))
                 break
@@ -152,8 +144,11 @@ def _run_steps(deadline, only, stop, why):
                 registry.forget(obj)  # just before its step: an interrupted teardown leaves the rest
             # All the time left but a second for each later step (at least its fair share).
             _run_bounded(kind, obj, func, max(remaining / left, remaining - (left - 1) * 1.0))
+        if steps or only is None:
+            _report("end", time.monotonic() - started, bool(stop))
     finally:
-        _report("end", time.monotonic() - started, bool(stop))
+        _finalizer = _code_override = None
+        _busy.release()
 
 
 def _wait(done, until, what):
