@@ -8,18 +8,16 @@ import sys
 from . import log
 from .integrations import TABLE
 
+MAX_SECONDS = 3600.0  # a longer teardown is a hang by another name (and overflows lock timeouts)
+
 
 def _flag(name, default=False):
     raw = os.environ.get(name, "").strip().lower()
     if raw in ("1", "true", "yes", "on"):
         return True
-    if raw in ("", "0", "false", "no", "off"):
-        return default
-    log.warning_once("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default, tree=True)
+    if raw not in ("", "0", "false", "no", "off"):
+        log.warning_once("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default, tree=True)
     return default
-
-
-MAX_SECONDS = 3600.0  # a longer teardown is a hang by another name (and overflows lock timeouts)
 
 
 def _seconds(name, default):

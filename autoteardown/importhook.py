@@ -31,7 +31,6 @@ def register(module_name, hook):
 
 
 def clear():
-    """Forget every hook and take the finder off sys.meta_path."""
     with _lock:
         _hooks.clear()
         if _FINDER in sys.meta_path:
@@ -61,15 +60,11 @@ class _Finder:
                 return None
             _in_progress.add(fullname)
         try:
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader)
-                    return spec
-            return None
+            finders = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
+            spec = next(filter(None, (f.find_spec(fullname, path, target) for f in finders)), None)
+            if spec is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Loader(spec.loader)
+            return spec
         finally:
             with _lock:
                 _in_progress.discard(fullname)

@@ -8,6 +8,7 @@ import sys
 
 _debug = False
 _logger = None
+_warned = set()
 # Warnings printed in this process tree: children inherit it and do not repeat them.
 TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
@@ -55,9 +56,6 @@ def warning(msg, *args):
         get_logger().warning(msg, *args)
     except Exception:
         pass
-
-
-_warned = set()
 
 
 def warning_once(msg, *args, tree=False):

@@ -14,7 +14,6 @@ on_record = None   # engine.arm, until this process is armed (set again in a for
 
 
 def record(kind, obj):
-    """Remember `obj` as a live resource of `kind` in this process."""
     global _prune_at
     weak = ref(obj)
     with _lock:
@@ -35,7 +34,7 @@ def forget(obj):
 
 
 def live(kind=None):
-    """The recorded objects that are still alive, oldest first."""
+    """(kind, object) for every recorded object still alive, or the objects of `kind`; oldest first."""
     objs = [(entry_kind, weak()) for entry_kind, weak in list(_entries.values())]
     if kind is None:
         return [(k, obj) for k, obj in objs if obj is not None]

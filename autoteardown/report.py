@@ -75,10 +75,8 @@ def describe(kind, obj):
     if obj is None:
         return _AFTER_ALL.get(kind, "(for all)")
     try:
-        import importlib
-
         name = next(n for n, row in TABLE.items() if row[0] == kind)
-        name = importlib.import_module(f"autoteardown.integrations.{name}").describe(obj)
+        name = __import__(f"autoteardown.integrations.{name}", fromlist=["describe"]).describe(obj)
     except Exception:
         name = None
     return name or type(obj).__name__

@@ -29,7 +29,8 @@ EXPECTED = {
                     "torch.distributed.distributed_c10d.init_process_group",
                     "torch.distributed.distributed_c10d.new_group"},
     "tensorboard": {"torch.utils.tensorboard.writer.SummaryWriter.__init__"},
-    "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init"},
+    "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init", "wandb.sdk.wandb_run.Run.__exit__"},
+    "mlflow": {"mlflow.tracking.fluent.ActiveRun.__exit__"},
     "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
             "ray.shutdown"},
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
@@ -68,7 +69,8 @@ def is_ours(value):
         return False
     wrapper = getattr(value, "_self_wrapper", None)
     module = getattr(wrapper, "__module__", None) or ""
-    return module == OURS or module.startswith(OURS + "_")  # ray_driver.py etc. count as ray's
+    # ray_driver.py etc. count as ray's; a wrapper shared by integrations lives in the package.
+    return module in (OURS, "autoteardown.integrations") or module.startswith(OURS + "_")
 
 
 def scan():

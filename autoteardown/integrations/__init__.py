@@ -1,18 +1,16 @@
 """The integration table, and the contract every integration module keeps.
 
-TABLE gives each integration its resource kind, the imports that trigger it, what it
-looks after (for the warning when it is off) and the distributions whose versions must
-lie in [minimum, below); the version checks, doctor, the report and the tests read it.
-Each module here keeps ddtrace's contract: `patch()` (idempotent; returns at once
-unless `supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, and
-`describe(obj)` for the report. It is imported only when a trigger module is.
+Each module keeps ddtrace's contract: `patch()` (idempotent; returns at once unless
+`supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, and `describe(obj)`
+for the report. It is imported only when one of its trigger modules is.
 """
 
 import sys
 
 from .. import log
 
-# name: (resource kind, trigger modules, what it looks after, (distribution, minimum, below)...)
+# name: (resource kind, trigger modules, what it looks after (for the warning when it is off),
+#        (distribution, minimum, below)...), where an installed distribution must lie in [minimum, below).
 TABLE = {
     "torch": ("dataloader", ("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
               ("torch", "2.0", None), ("torchdata", "0.8", None)),
@@ -23,8 +21,7 @@ TABLE = {
     "ray": ("ray", ("ray",), "Ray actors", ("ray", "2.40", "2.61")),
     # mlflow-skinny provides the same `mlflow` package, without the server.
     "mlflow": ("mlflow", ("mlflow",), "mlflow runs", ("mlflow", "2.10", "4"), ("mlflow-skinny", "2.10", "4")),
-    # Both rely on private names of these releases (see their modules); tested:
-    # swanlab 0.9.8 and 0.10.3, trackio 0.40.0 and 0.43.0.
+    # Both rely on private names of the releases their modules name as tested.
     "swanlab": ("swanlab", ("swanlab",), "swanlab runs", ("swanlab", "0.9.8", "0.11")),
     "trackio": ("trackio", ("trackio",), "trackio runs", ("trackio", "0.40", "0.44")),
 }
@@ -47,8 +44,7 @@ def unsupported_reason(name):
 
 
 def contract(name, patches):
-    """ddtrace's get_version() and unpatch() for integration `name`: its version, and
-    patches.restore(), which puts back by identity what patch() wrapped."""
+    """ddtrace's get_version() and unpatch() for integration `name` (unpatch: patches.restore())."""
     return (lambda: get_version(name)), patches.restore
 
 
@@ -60,9 +56,15 @@ def supported(name):
     return reason is None
 
 
+def exit_unless_stopped(wrapped, instance, args, kwargs):
+    """A run's `__exit__` in our SIGTERM unwind: the teardown ends the run, with the signal's status."""
+    if sys.modules["autoteardown.engine"].is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
+        return False
+    return wrapped(*args, **kwargs)
+
+
 class Patches:
-    """What an integration wrapped, so that its unpatch() can put it back: by identity,
-    as ddtrace's `unwrap`, never over a wrapper put on top of ours."""
+    """What an integration wrapped, for its unpatch() to put back by identity (as ddtrace's `unwrap`)."""
 
     def __init__(self):
         self._patched = []  # (class or module, attribute name, original, our wrapper)
@@ -136,6 +138,5 @@ def check_version(distribution, minimum, below=None):
         return None  # not installed: nothing will be imported, nothing to patch
     version = version_tuple(found)
     if version < version_tuple(minimum) or (below and version >= version_tuple(below)):
-        wanted = f">={minimum}" + (f",<{below}" if below else "")
-        return f"{distribution} {found} is not supported (need {wanted})"
+        return f"{distribution} {found} is not supported (need >={minimum}" + (f",<{below}" if below else "") + ")"
     return None

@@ -1,10 +1,10 @@
 """torch.distributed process groups: destroy the ones this process created, rather than
 leave them to the C++ destructors (NCCL warns or hangs, gloo can SIGABRT).
 
-Groups made by `init_process_group` and `new_group` are destroyed at order 15, after
-DataLoader workers. Destroying the default group destroys every other, in the same
-order on every rank; no barrier or collective, so no rank waits for another. This
-runs with `import torch` (it imports torch.distributed): it only wraps functions.
+Groups made by `init_process_group` and `new_group` are destroyed after DataLoader workers.
+Destroying the default group destroys every other, in the same order on every rank; no barrier
+or collective, so no rank waits for another. This runs with `import torch` (it imports
+torch.distributed): it only wraps functions.
 """
 
 import sys

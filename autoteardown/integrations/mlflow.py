@@ -1,13 +1,11 @@
 """MLflow runs: end each one with the status the process really ends with, in bounded time.
 
-mlflow's own atexit hook ends only the calling thread's top run, always FINISHED. We
-record each run `mlflow.start_run` makes with the stack it was pushed on (any thread,
-nested, resumed). At exit (order 28: quick store calls, before wandb's teardown) each
-run still on its stack is taken off it first, so that mlflow's hook and a tracker's
-later `end_run()` find nothing to end, then ended FINISHED, FAILED or KILLED. A run
-the user ended (off its stack, or terminal in the store) is left alone.
-`MlflowClient.create_run` runs are not recorded: their id may be another process's.
-The teardown's own HTTP requests get retries and timeouts cut to the step's budget.
+mlflow's own atexit hook ends only the calling thread's top run, always FINISHED. We record
+each run `mlflow.start_run` makes with the stack it was pushed on (any thread, nested,
+resumed). At exit (order 28: quick store calls, before wandb's teardown) each run still on
+its stack is taken off it first, so that mlflow's hook and a tracker's later `end_run()` find
+nothing to end, then ended FINISHED, FAILED or KILLED. `MlflowClient.create_run` runs are not
+recorded: their id may be another process's.
 """
 
 import sys
@@ -16,11 +14,10 @@ import weakref
 import _thread
 
 from .. import engine, log, registry
-from . import Patches, contract, supported
+from . import Patches, contract, exit_unless_stopped, supported
 
 NAME = KIND = "mlflow"
 ORDER = 28  # the private names below: tested on 2.10.2 and 3.17
-TERMINAL = ("FINISHED", "FAILED", "KILLED")
 _patches = Patches()
 get_version, unpatch = contract(NAME, _patches)
 _runs = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
@@ -44,7 +41,7 @@ def patch():
     _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
     _patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
     engine.register_kind(KIND, ORDER, end_run)
-    _patches.wrap(fluent.ActiveRun, "__exit__", _exit_unless_stopped)
+    _patches.wrap(fluent.ActiveRun, "__exit__", exit_unless_stopped)  # the teardown ends it KILLED, not FAILED
     stack = _stack()  # a run started before we were imported
     for run in list(stack or ()):
         _record(run, stack)
@@ -63,12 +60,6 @@ def _record_run(wrapped, instance, args, kwargs):
     except Exception:
         log.debug_exception("could not record mlflow run %r", run)
     return run
-
-
-def _exit_unless_stopped(wrapped, instance, args, kwargs):
-    if engine.is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
-        return False  # the teardown ends the run KILLED, not FAILED
-    return wrapped(*args, **kwargs)
 
 
 def _record(run, stack):
@@ -107,7 +98,7 @@ def _end(run_id, status, uri):
     try:
         client = MlflowClient(tracking_uri=uri)
         info = client.get_run(run_id).info
-        if info.status in TERMINAL:
+        if info.status in ("FINISHED", "FAILED", "KILLED"):
             return f"already {info.status}"  # the user ended it through the client
         if info.lifecycle_stage == "deleted":
             return "deleted"  # mlflow.delete_run(): the store refuses to update it

@@ -7,8 +7,7 @@ import sys
 from .. import engine, log, registry
 from . import Patches, contract, supported
 
-NAME = KIND = "tensorboard"
-ORDER = 25
+NAME, KIND, ORDER = "tensorboard", "tensorboard", 25
 TARGETS = (("torch.utils.tensorboard.writer", "SummaryWriter"), ("tensorboardX.writer", "SummaryWriter"))
 _patches = Patches()
 get_version, unpatch = contract(NAME, _patches)
@@ -33,8 +32,7 @@ def _record_writer(wrapped, instance, args, kwargs):
 
 
 def close_writer(writer, timeout):
-    # Flushes and closes every event file; does nothing on a writer already closed.
-    writer.close()
+    writer.close()  # flushes and closes every event file; does nothing on a writer already closed
 
 
 def describe(writer):

@@ -1,16 +1,15 @@
 """wandb runs: finish each one with the process's exit code, before wandb's own exit hook.
 
 Every run this process created is finished (`wandb.run` holds only the latest), then
-`wandb.teardown()` unregisters wandb's atexit hook and waits for wandb-core. Not
-`sys.excepthook`: wandb's calls a non-default one after printing, so tracebacks would
-print twice.
+`wandb.teardown()` unregisters wandb's atexit hook and waits for wandb-core. Not `sys.excepthook`:
+wandb's calls a non-default one after printing, so tracebacks would print twice.
 """
 
 import os
 import sys
 
 from .. import engine, log, registry
-from . import Patches, contract, supported
+from . import Patches, contract, exit_unless_stopped, supported
 
 NAME = KIND = "wandb"
 ORDER = 30  # the private names below: tested on 0.22.0 and 0.31
@@ -25,7 +24,7 @@ def patch():
 
     # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
     _patches.rebind(wandb_init.init, _record_run, "wandb")
-    _patches.wrap(wandb_run.Run, "__exit__", _exit_unless_stopped)
+    _patches.wrap(wandb_run.Run, "__exit__", exit_unless_stopped)
     engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
     setup = _setup()  # runs started before we were imported
     if setup is not None:
@@ -42,12 +41,6 @@ def _record_run(wrapped, instance, args, kwargs):
     except Exception:
         log.debug_exception("could not record wandb run %r", run)
     return run
-
-
-def _exit_unless_stopped(wrapped, instance, args, kwargs):
-    if engine.is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
-        return False  # the teardown finishes the run, with the signal's code
-    return wrapped(*args, **kwargs)
 
 
 def _record(run):
