@@ -1,25 +1,20 @@
 """Ray actors: an actor that is ended really ends, and what it held is finalized first.
 
-The entry point: ray_driver.py (the side that holds actor handles), ray_worker.py
-(inside an actor) and ray_cluster.py (the runtime_env hook) each state their rules.
-Tested on ray 2.40.0 and 2.60.0; the private names relied on: ActorHandle._actor_method_call,
-ActorClass._remote, Node.kill_all_processes, ray._private.state.actors,
-ray._private.utils.set_sigterm_handler, FunctionActorManager._make_actor_method_executor,
-the GCS client's internal_kv_*, Ray Train v2's RayTrainWorker.shutdown and
-thread_runner.construct_user_exception_with_traceback.
+ray_driver.py (the side that holds actor handles), ray_worker.py (inside an actor) and
+ray_cluster.py (the runtime_env hook) each state their rules. Tested on ray 2.40.0 and 2.60.0; the
+private names relied on: ActorHandle._actor_method_call, ActorClass._remote, Node.kill_all_processes,
+ray._private.state.actors, ray._private.utils.set_sigterm_handler,
+FunctionActorManager._make_actor_method_executor, the GCS client's internal_kv_*, Ray Train v2's
+RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback.
 """
 
-from . import Patches, contract, supported
-from . import ray_cluster, ray_driver, ray_worker
+from . import Patches, contract, ray_driver, ray_worker, supported
+# Importable here: autoteardown.ray_runtime_env_hook delegates to it, users' configurations name it.
+from .ray_cluster import runtime_env_hook, setup_hook  # noqa: F401
 
 NAME = KIND = ray_driver.KIND
 _patches = Patches()
 get_version = contract(NAME, _patches)[0]
-
-# Kept importable here: autoteardown.ray_runtime_env_hook delegates to it and
-# users' configurations name these paths.
-runtime_env_hook = ray_cluster.runtime_env_hook
-setup_hook = ray_cluster.setup_hook
 
 
 def patch():

@@ -1,10 +1,9 @@
 """Cluster-wide activation: RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook.
 
-Every job whose driver calls `ray.init` with it set ships autoteardown to its
-workers (py_modules) and installs it there (worker_process_setup_hook). wrapt
-ships too: Ray does not depend on it, and a cluster's Python may lack it
-(without it every patch in the workers fails). wrapt falls back to its
-pure-Python wrappers where its C extension does not load (another Python).
+Every job whose driver calls `ray.init` with it set ships autoteardown to its workers
+(py_modules) and installs it there (worker_process_setup_hook). wrapt ships too: Ray does not
+depend on it, and without it every patch in the workers fails; where its C extension does not
+load (another Python), wrapt falls back to its pure-Python wrappers.
 """
 
 import importlib.util
@@ -14,8 +13,7 @@ _OURS = ("autoteardown.install", "autoteardown.integrations.ray.setup_hook")
 
 
 def load_class(path):
-    """Ray's own loader for "module.attr" hook names; it moved in ray 2.4x
-    (ray._private.utils -> ray._common.utils)."""
+    """Ray's own loader for "module.attr" hook names (ray._private.utils -> ray._common.utils in 2.4x)."""
     try:
         from ray._common.utils import load_class as loader
     except ImportError:
@@ -33,8 +31,7 @@ def shipped_packages():
 
 
 def runtime_env_hook(runtime_env):
-    """Add the shim to a job's runtime_env, chaining the hook in
-    AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK and any setup hook already set."""
+    """The shim's runtime_env, chaining AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK and any setup hook already set."""
     runtime_env = dict(runtime_env or {})
     following = os.environ.get("AUTOTEARDOWN_NEXT_RUNTIME_ENV_HOOK")
     if following:
@@ -59,7 +56,7 @@ def runtime_env_hook(runtime_env):
 
 
 def setup_hook():
-    """A worker_process_setup_hook: install autoteardown, then run the hook it replaced."""
+    """Install autoteardown, then run the worker_process_setup_hook this replaced."""
     import autoteardown
 
     autoteardown.install()

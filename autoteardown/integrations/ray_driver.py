@@ -1,19 +1,18 @@
 """The side that holds actor handles (a driver, an actor that creates actors, Ray
 Train's controller): actors it ends really end, and live ones tear down first.
 
-- After `__ray_terminate__` (sent, as every actor method call, through
-  `ActorHandle._actor_method_call`) GCS marks the actor DEAD at once but keeps its pid
-  and node; if its teardown hangs, the process lives on and `ray.kill` is a no-op.
-- When the creating process exits, its actors are force-killed with no Python hook, and
-  a call queued behind a running method never runs. So at its exit, at `ray.shutdown()`
-  and before Ray kills its own processes (the head node's SIGTERM handler), each live,
-  non-detached actor it created that recorded something is sent SIGTERM (ray_worker.py
-  turns it into its teardown); the others are Ray's (ray_worker._announce). Their pids
-  are looked up soon after they start (`_learn`): a stopped job's GCS is going away then.
-- Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S
-  later if it is still the same Ray worker: the timer is the helper thread's, the work a
-  runner's. On another node a zero-CPU task pinned there does it (it needs a fresh
-  worker process first, 2.3 s measured, which overlaps the grace).
+- After `__ray_terminate__` (sent, as every method call, through `ActorHandle._actor_method_call`)
+  GCS marks the actor DEAD at once but keeps its pid and node; if its teardown hangs, the process
+  lives on and `ray.kill` is a no-op.
+- When the creating process exits, its actors are force-killed with no Python hook, and a call
+  queued behind a running method never runs. So at its exit, at `ray.shutdown()` and before Ray
+  kills its own processes (the head node's SIGTERM handler), each live, non-detached actor it
+  created that recorded something (ray_worker._announce) is sent SIGTERM, which ray_worker.py turns
+  into its teardown; the others are left to Ray. Their pids are looked up soon after they start
+  (`_learn`): at the exit of a stopped job, its GCS is going away.
+- Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
+  still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
+  through a zero-CPU task pinned there (a fresh worker process first: 2.3 s measured, in the grace).
 """
 
 import signal
@@ -54,8 +53,7 @@ def _on_actor_created(wrapped, instance, args, kwargs):
 
 
 def _learn(actor_id, delay, give_up=None):
-    """Look up a new actor's process once it runs (every `delay`, growing to 2 s, for a
-    minute), while GCS answers: at the exit of a stopped job, GCS is going away."""
+    """Look up a new actor's record once it is ALIVE: every `delay`, growing to 2 s, for a minute."""
     give_up = give_up or time.monotonic() + 60
 
     def lookup():
@@ -129,9 +127,7 @@ def collect(obj, timeout):
 
 
 def finalize_collected(timeout):
-    """End every collected actor: SIGTERM the live ones that recorded something (their own
-    teardown follows), then wait for all of them, terminated ones too, to be gone or
-    killed, within `timeout`."""
+    """SIGTERM the live actors that recorded something, then wait, within `timeout`, for all to be gone."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
     handles = [o for o in objs if not isinstance(o, _Ending)]
@@ -152,8 +148,7 @@ def finalize_collected(timeout):
 
 
 def armed(actor_ids):
-    """Those of these actors that recorded something (ray_worker._announce), taking their
-    keys out of GCS; all of them if GCS does not answer within a second."""
+    """Which of these actors recorded something, taking their keys out of GCS; all if GCS is silent 1 s."""
     import ray
 
     try:
@@ -185,9 +180,7 @@ class _Ending:
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
     def locate(self):
-        """In a runner: find the actor's process (GCS keeps it after DEAD), send it the
-        signal, and watch it: here, or through a task on its node that sends the signal
-        and kills it at the grace."""
+        """In a runner: find the actor's process (GCS keeps it after DEAD), signal and watch it."""
         import ray
         import ray._private.state
 
@@ -214,7 +207,6 @@ class _Ending:
             self.finish()
 
     def watch(self):
-        """Poll at the grace, then every half second until done."""
         if not self.poll():
             signals.alarm(max(self.due, time.monotonic() + 0.5), lambda: engine.run_soon(self.watch))
 
@@ -255,8 +247,7 @@ def _make_kill_if_same_process():
     # Nested, so that cloudpickle ships them by value: they also run in a zero-CPU task on
     # the actor's node, where autoteardown may not be installed.
     def kill_if_same_process(pid, not_after, signum=9):
-        """Send `signum` (SIGKILL) to `pid` if it is still the Ray worker that existed at
-        `not_after`; signal 0 only asks whether it is."""
+        """Send `signum` (SIGKILL) to `pid` if still the Ray worker that existed at `not_after`; 0 only asks."""
         import os
 
         import psutil
@@ -274,8 +265,7 @@ def _make_kill_if_same_process():
             return False
 
     def kill_when_due(pid, not_after, due, signum=None):
-        """Send `signum` now if given; wait until `due` (wall clock) unless `pid` ends
-        first, then kill it if it is still there."""
+        """Send `signum` now; at `due` (wall clock), kill `pid` if it is still there."""
         import time
 
         if signum:

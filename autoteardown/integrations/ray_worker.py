@@ -1,20 +1,18 @@
 """Inside a Ray actor: finalize while the actor's children still live.
 
-Ray SIGKILLs an exiting actor's children (wandb-core, DataLoader workers) before its
-atexit runs, and `ray.kill` runs no Python hook, so the actor finalizes where Ray tells
-it to end. One budget: its creator kills it AUTOTEARDOWN_RAY_GRACE_S after asking; the
-teardown gets the grace minus a second, and a watchdog ends the process just inside it.
+Ray SIGKILLs an exiting actor's children (wandb-core, DataLoader workers) before its atexit runs,
+and `ray.kill` runs no Python hook, so the actor finalizes where Ray tells it to end. One budget:
+its creator kills it AUTOTEARDOWN_RAY_GRACE_S after asking; the teardown gets the grace minus a
+second, and a watchdog ends the process just inside it.
 
-- SIGTERM. Every handler Ray sets goes through `set_sigterm_handler`; ours, chained
-  before it, only asks (`_ask`). A method running in the main thread is unwound by
-  Ray's SystemExit and the teardown runs as it leaves the method executor; an idle
-  actor tears down on a runner and gets the signal again for Ray's own exit. Ray's
-  3 s abort after a SIGTERM waits for our teardown (`_defer_ray_abort`).
+- SIGTERM. Every handler Ray sets goes through `set_sigterm_handler`; ours, chained before it, only
+  asks (`_ask`). A method running in the main thread is unwound by Ray's SystemExit and the teardown
+  runs as it leaves the method executor; an idle actor tears down on a runner and gets the signal
+  again for Ray's own exit.
 - `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time.
-- Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`). The
-  patch is a plain function with the original's __module__ and __qualname__: Ray pickles
-  methods by reference, so each worker resolves its own (a wrapt proxy does not survive
-  Ray's tracing injection).
+- Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`). The patch is a
+  plain function with the original's __module__ and __qualname__: Ray pickles methods by reference,
+  so each worker resolves its own (a wrapt proxy does not survive Ray's tracing injection).
 """
 
 import faulthandler
@@ -26,7 +24,7 @@ import sys
 import threading
 import time
 
-from .. import config, engine, log, registry, signals
+from .. import config, engine, importhook, log, registry, signals
 
 TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
 TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
@@ -55,8 +53,6 @@ def patch(patches):
     patches.wrap(ray._private.function_manager.FunctionActorManager, "_make_actor_method_executor",
                  _on_make_executor)
     engine.when_armed(_announce)
-    from .. import importhook
-
     importhook.register(TRAIN_V2_WORKER, "autoteardown.integrations.ray_worker:patch_train_worker")
     importhook.register(TRAIN_V2_RUNNER, "autoteardown.integrations.ray_worker:patch_train_runner")
 
@@ -77,9 +73,7 @@ def _in_actor():
 
 
 def _announce():
-    """An actor with something to tear down says so in GCS, at once (one quick request, at
-    its first record): at its creator's exit only these are sent SIGTERM and waited for,
-    the others are left to Ray (ray_driver.armed)."""
+    """Tell GCS, in one quick request at the first record, that this actor has something to tear down."""
     try:
         if _in_actor():
             import ray
@@ -98,7 +92,6 @@ def _chain_sigterm_handler(wrapped, instance, args, kwargs):
 
 
 def _ask(handler, signum, frame):
-    """Ours, before Ray's handler: it only asks (see the module docstring)."""
     global _asked
     if _done or not _asked and not registry.live():
         return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
@@ -116,11 +109,9 @@ def _ask(handler, signum, frame):
 
 
 def _defer_ray_abort():
-    """Ray's failure-signal handler aborts the process 3 s after a SIGTERM (an alarm
-    whose SIGALRM handler is not Python's). In a process with something to tear down,
-    the abort waits for our teardown (AUTOTEARDOWN_TIMEOUT at most), and Ray's own
-    shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is
-    the user's: left alone."""
+    """Ray aborts the process 3 s after a SIGTERM (an alarm with no Python handler). With something
+    to tear down, the abort waits for our teardown (AUTOTEARDOWN_TIMEOUT at most), and Ray's own
+    shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is the user's."""
     global _deferred
     if signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
         _deferred = True
@@ -145,10 +136,8 @@ def _teardown_then_resend():
 
 
 def _teardown(interrupted):
-    """Finalize while the worker and its children are still healthy, within the grace the
-    creator allows, and make sure the process ends inside it. The exit code: a Ray Train
-    worker's function's; else 143 if the SIGTERM cut a method short, and the process's own
-    (0) for an actor ended between two methods or by exit_actor."""
+    """Once. The exit code: a Ray Train worker's function's; else 143 if the SIGTERM cut a method
+    short, and the process's own (0) for an actor ended between two methods or by exit_actor."""
     global _tearing, _done
     if _tearing:
         return
@@ -165,8 +154,7 @@ def _teardown(interrupted):
 
 
 def _overdue():
-    """A hung finalizer or __del__ (in gc.collect() or interpreter teardown): its stack in
-    the worker's log, and the process ends inside the grace."""
+    """A hung finalizer or __del__ (gc.collect(), interpreter teardown): its stack to the log, then out."""
     faulthandler.dump_traceback(all_threads=True)
     signals.end_process(code=1)
 
@@ -218,8 +206,7 @@ def patch_train_worker():
     if original is None or _train_original is not None:
         return
 
-    # Not through Patches: a plain function with the same __module__/__qualname__ is
-    # pickled by reference (see above); a wrapt proxy is not.
+    # Not through Patches: pickled by reference, see the module docstring.
     @functools.wraps(original)
     def shutdown(self, *args, **kwargs):
         try:
@@ -247,10 +234,9 @@ def _unless_stopped(wrapped, instance, args, kwargs):
 
 
 def _finalize_train_worker():
-    """A training function still running (another rank failed, the group is shutting
-    down) is stopped first: resources torn down under it would make it raise, and Ray
-    Train would log this rank as failed. TrainingStopped is raised at its next bytecode (a
-    SystemExit: its `finally` blocks run), and Ray Train is told not to log it."""
+    """A training function still running (another rank failed, the group is shutting down) is stopped first:
+    resources torn down under it would make it raise, and Ray Train would log this rank as failed.
+    TrainingStopped is raised at its next bytecode (a SystemExit: its `finally` blocks run)."""
     import ctypes
 
     try:
@@ -291,8 +277,7 @@ def _train_patience():
 
 
 def train_exit_code():
-    """0 if the training function returned, 1 if it raised, 143 if it is still
-    running (the worker is being stopped from outside); None outside Ray Train."""
+    """0 if the training function returned, 1 if it raised, 143 if it still runs; None outside Ray Train."""
     runner = _train_runner()
     if runner is None:
         return None
