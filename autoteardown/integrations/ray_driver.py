@@ -8,8 +8,9 @@ Train's controller): actors it ends really end, and live ones tear down first.
   queued behind a running method never runs. So at its exit, at `ray.shutdown()` and before Ray
   kills its own processes (the head node's SIGTERM handler), each live, non-detached actor it
   created that recorded something (ray_worker._announce) is sent SIGTERM, which ray_worker.py turns
-  into its teardown; the others are left to Ray. Their pids are looked up soon after they start
-  (`_learn`): at the exit of a stopped job, its GCS is going away.
+  into its teardown; the others are left to Ray. A stopped job's GCS is going away: its driver asks
+  GCS nothing then (every actor is sent SIGTERM at once), and the pids were looked up soon after
+  the actors started (`_learn`).
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there (a fresh worker process first: 2.3 s measured, in the grace).
@@ -127,11 +128,13 @@ def collect(obj, timeout):
 
 
 def finalize_collected(timeout):
-    """SIGTERM the live actors that recorded something, then wait, within `timeout`, for all to be gone."""
+    """SIGTERM the live actors that recorded something (all of them once this process took a SIGTERM:
+    a second spent asking a dying GCS can be one the actors do not have), then wait for all to be gone."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
     handles = [o for o in objs if not isinstance(o, _Ending)]
-    live, now = armed([h._ray_actor_id.hex() for h in handles]), time.time()
+    ids = [h._ray_actor_id.hex() for h in handles]
+    live, now = set(ids) if ray_worker.stopped else armed(ids), time.time()
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]

@@ -36,6 +36,7 @@ _patches = None
 _main = threading.main_thread().ident
 _in_method = 0    # actor methods running in the main thread
 _asked = False    # a SIGTERM asked this actor to end: its teardown is pending or under way
+stopped = False   # a SIGTERM came while something was recorded (ray_driver: end every actor at once)
 _tearing = False  # the teardown has begun
 _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
@@ -92,12 +93,13 @@ def _chain_sigterm_handler(wrapped, instance, args, kwargs):
 
 
 def _ask(handler, signum, frame):
-    global _asked
+    global _asked, stopped
     if _done or not _asked and not registry.live():
         return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
     if _asked:
         return  # another SIGTERM (a dying raylet's) while ours ends the actor: not into the teardown
     _defer_ray_abort()
+    stopped = True
     if not _in_actor():
         return handler(signum, frame)  # a driver: Ray's own handler ends actors first (ray_driver)
     _asked = True
