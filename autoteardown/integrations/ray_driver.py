@@ -62,8 +62,8 @@ def _learn(actor_id, delay, give_up=None):
 
         try:
             info = ray._private.state.actors(actor_id) or {}
-        except Exception:
-            return
+        except Exception:  # GCS slow to answer (a loaded machine): ask again
+            info = {}
         if info.get("State") == "ALIVE" and info.get("Pid"):
             _known[actor_id] = info
         elif info.get("State") != "DEAD" and time.monotonic() < give_up:
