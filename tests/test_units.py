@@ -105,6 +105,25 @@ def test_runtime_env_hook_runs_the_next_hook_first(monkeypatch):
     assert result["worker_process_setup_hook"] == "autoteardown.install"
 
 
+NO_ITERATOR = """
+import autoteardown
+import torch.utils.data as data
+del data.DataLoader._get_iterator  # a torch without it (torch has no upper bound in TABLE)
+from autoteardown.integrations import torch as integration
+integration.unpatch()
+integration.patch()
+print("WRAPPED:", type(vars(data.DataLoader).get("_get_iterator")).__name__)
+"""
+
+
+def test_a_dataloader_without_get_iterator_gets_one_warning_and_is_left_alone():
+    pytest.importorskip("torch")
+    result = subprocess.run([sys.executable, "-c", NO_ITERATOR], env=base_env(False, PYTHONPATH=ROOT),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "WRAPPED: NoneType" in result.stdout, result
+    assert result.stderr.count("has no _get_iterator (unsupported version)") == 1, result
+
+
 # ---- the exit engine: exit_code() and finalize(), in a fresh interpreter -------
 
 PROBE = """

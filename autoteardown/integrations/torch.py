@@ -27,9 +27,12 @@ def patch():
     if not supported(NAME):
         return
     engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child, on_sigterm=unwatch_workers)
-    for module_name, class_name in TARGETS:  # every supported release has _get_iterator
+    for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is not None:
+        if cls is not None and "_get_iterator" not in vars(cls):  # torch has no upper bound in TABLE
+            log.warning_once("%s has no _get_iterator (unsupported version); DataLoader workers are left alone",
+                             class_name, tree=True)
+        elif cls is not None:
             _patches.wrap(cls, "_get_iterator", _record_iterator)
     from multiprocessing import resource_sharer
 
