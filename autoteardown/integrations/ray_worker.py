@@ -61,7 +61,8 @@ def patch(patches):
 def unpatch():
     global _train_original
     worker_class = getattr(sys.modules.get(TRAIN_V2_WORKER), "RayTrainWorker", None)
-    if _train_original is not None and getattr(worker_class.shutdown, "__wrapped__", None) is _train_original:
+    shutdown = getattr(worker_class, "shutdown", None)
+    if _train_original is not None and getattr(shutdown, "__wrapped__", None) is _train_original:
         worker_class.shutdown = _train_original  # only if it is still ours
     _train_original = None
 
