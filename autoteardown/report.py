@@ -34,7 +34,10 @@ def header(activation=None):
 
 def begin(trigger, code):
     global _teardown
-    _teardown = {"trigger": trigger, "code": code, "steps": []}
+    import time
+
+    # Wall clock, to line the teardown up with other processes' logs (Ray's, a launcher's).
+    _teardown = {"trigger": trigger, "code": code, "started": round(time.time(), 3), "steps": []}
     log.debug("teardown started by %s; exit code handed on: %s", trigger, code)
 
 
@@ -59,8 +62,8 @@ def end(seconds, interrupted=False):
               ", ".join(f"{n} {word}" for word, n in counts.items()) or "nothing to do")
     # One line per process: a later teardown that finds nothing to do adds none.
     if config.REPORT and (steps or _written != os.getpid()):
-        line = dict(_header or {"pid": os.getpid()}, trigger=teardown["trigger"], code=teardown["code"],
-                    seconds=round(seconds, 4), steps=steps, **({"interrupted": True} if interrupted else {}))
+        line = dict(_header or {"pid": os.getpid()}, **teardown, seconds=round(seconds, 4),
+                    **({"interrupted": True} if interrupted else {}))
         try:  # one write() of an O_APPEND file: the lines of ranks sharing it never interleave
             with open(config.REPORT, "ab", buffering=0) as f:
                 f.write((json.dumps(line, default=str) + "\n").encode())
