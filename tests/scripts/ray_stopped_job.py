@@ -6,7 +6,8 @@ the whole process group part-way. Usage: ray_stopped_job.py [steps] [pause] [tra
 (tracker: wandb, the default; mlflow with MLFLOW_TRACKING_URI set; tensorboard
 with TB_LOGDIR set).
 
-The actor prints "ACTOR: pid", "CHILDREN: pids" (loader workers, wandb-core),
+The driver prints "LOGS: dir" (Ray's log folder); the actor prints "ACTOR: pid",
+"CHILDREN: pids" (loader workers, wandb-core),
 "RUN: id" (mlflow) and "STEP: n" after each step is logged; Ray forwards them to
 the driver's stdout."""
 
@@ -62,5 +63,6 @@ class TaskRunner:
 
 ray.init(num_cpus=2, include_dashboard=False)
 print("DRIVER:", os.getpid(), flush=True)
+print("LOGS:", ray._private.worker._global_node.get_logs_dir_path(), flush=True)  # the raylet's log, for the test
 runner = TaskRunner.remote()
 print("RESULT:", ray.get(runner.run.remote({"steps": STEPS, "pause": PAUSE, "tracker": TRACKER})), flush=True)
