@@ -7,6 +7,7 @@ the kind's after-all step) and end(seconds, interrupted).
 
 import os
 import sys
+import time
 
 from . import config, log
 from .integrations import TABLE
@@ -34,8 +35,6 @@ def header(activation=None):
 
 def begin(trigger, code):
     global _teardown
-    import time
-
     # Wall clock, to line the teardown up with other processes' logs (Ray's, a launcher's).
     _teardown = {"trigger": trigger, "code": code, "started": round(time.time(), 3), "steps": []}
     log.debug("teardown started by %s; exit code handed on: %s", trigger, code)

@@ -58,10 +58,6 @@ def test_a_stopped_driver_keeps_the_actors_run_and_leaves_nothing(jobs):
     assert_kept(jobs, *stopped_job(jobs, group=False))
 
 
-def text(pattern):
-    return "".join(open(path, errors="replace").read() for path in glob.glob(pattern))
-
-
 def killed_by_ray_first(result, report):
     """Did Ray end the actor where no Python runs before our teardown could keep its run? A
     raylet stopped with the group ends its workers in one of two ways, and which comes first
@@ -78,7 +74,7 @@ def killed_by_ray_first(result, report):
         return False
     logs, actor, driver = (m.group(1) for m in found.values())
     lines = [json.loads(line) for line in open(report)] if os.path.exists(report) else []
-    raylet = "".join(open(path, errors="replace").read() for path in glob.glob(f"{logs}/raylet.out"))
+    raylet = "".join(open(path, errors="replace").read() for path in glob.glob(f"{logs}/raylet.out"))  # or none
     kill = re.search(rf"^\[(\S+ \S+),(\d+) .*SIGKILL to pgid={actor}\b", raylet, re.M)
     if kill:
         killed = datetime.datetime.strptime(kill.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(kill.group(2)) / 1000
