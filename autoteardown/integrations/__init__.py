@@ -56,6 +56,21 @@ def supported(name):
     return reason is None
 
 
+def recording(record):
+    """A wrapt wrapper: call the original, then record(what it made: its result, or the
+    instance an `__init__` set up); a failure to record is a debug line, never the user's."""
+    def wrapper(wrapped, instance, args, kwargs):
+        made = wrapped(*args, **kwargs)
+        try:
+            record(instance if wrapped.__name__ == "__init__" else made)
+        except Exception:
+            log.debug_exception("could not record what %s made", wrapped.__name__)
+        return made
+
+    wrapper.__module__ = record.__module__  # the integration's own wrapper, as unpatch() sees it
+    return wrapper
+
+
 def exit_unless_stopped(wrapped, instance, args, kwargs):
     """A run's `__exit__` in our SIGTERM unwind: the teardown ends the run, with the signal's status."""
     if sys.modules["autoteardown.engine"].is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):

@@ -10,7 +10,7 @@ torch.distributed): it only wraps functions.
 import sys
 
 from .. import engine, log, registry
-from . import Patches, contract, supported
+from . import Patches, contract, recording, supported
 
 NAME, KIND, ORDER = "distributed", "process_group", 15
 _patches = Patches()
@@ -25,24 +25,15 @@ def patch():
     engine.register_kind(KIND, ORDER, destroy_group)
     for name in ("init_process_group", "new_group"):
         # torch.distributed and device_mesh bind the same function by name (torch 2.13).
-        _patches.rebind(getattr(c10d, name), _record_group, "torch.distributed")
+        _patches.rebind(getattr(c10d, name), recording(_record), "torch.distributed")
     if dist.is_initialized():  # initialized before autoteardown was imported
         _record(dist.group.WORLD)
 
 
-def _record_group(wrapped, instance, args, kwargs):
-    result = wrapped(*args, **kwargs)
-    try:
-        dist = sys.modules["torch.distributed"]
-        # new_group returns an int sentinel on ranks outside the group (_record skips it).
-        _record(dist.group.WORLD if wrapped.__name__ == "init_process_group" else result)
-    except Exception:
-        log.debug_exception("could not record the group made by %s", wrapped.__name__)
-    return result
-
-
 def _record(group):
-    if isinstance(group, sys.modules["torch.distributed"].ProcessGroup):
+    dist = sys.modules["torch.distributed"]
+    group = dist.group.WORLD if group is None else group  # init_process_group returns None
+    if isinstance(group, dist.ProcessGroup):  # not new_group's sentinel on ranks outside it
         registry.record(KIND, group)  # pybind11 ProcessGroup takes weak references
 
 

@@ -14,7 +14,7 @@ import weakref
 import _thread
 
 from .. import engine, log, registry
-from . import Patches, contract, exit_unless_stopped, supported
+from . import Patches, contract, exit_unless_stopped, recording, supported
 
 NAME = KIND = "mlflow"
 ORDER = 28  # the private names below: tested on 2.10.2 and 3.17
@@ -37,7 +37,7 @@ def patch():
 
     from mlflow.utils import rest_utils
 
-    _patches.rebind(fluent.start_run, _record_run, "mlflow")  # mlflow and mlflow.tracking.fluent bind it
+    _patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")  # mlflow and mlflow.tracking.fluent bind it
     _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
     _patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
     engine.register_kind(KIND, ORDER, end_run)
@@ -51,15 +51,6 @@ def _stack():
     """The calling thread's active-run stack (the one global list in 2.10), or None."""
     stacks = getattr(sys.modules.get("mlflow.tracking.fluent"), "_active_run_stack", None)
     return stacks if isinstance(stacks, list) or stacks is None else stacks.get()
-
-
-def _record_run(wrapped, instance, args, kwargs):
-    run = wrapped(*args, **kwargs)
-    try:
-        _record(run, _stack())
-    except Exception:
-        log.debug_exception("could not record mlflow run %r", run)
-    return run
 
 
 def _record(run, stack):

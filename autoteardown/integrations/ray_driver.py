@@ -94,8 +94,7 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
     requested_at = time.time()
     result = wrapped(*args, **kwargs)
     try:
-        registry.forget(instance)  # it will not be asked to finalize: it is ending
-        _known.pop(instance._ray_actor_id.hex(), None)
+        _forget(instance)  # it will not be asked to finalize: it is ending
         terminated = _Ending(instance, requested_at)
         registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
         engine.run_soon(terminated.locate)
@@ -107,12 +106,15 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
 def _on_kill(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
     try:  # killed on purpose, with no teardown: nothing to ask it at exit
-        actor = args[0] if args else kwargs.get("actor")
-        registry.forget(actor)
-        _known.pop(actor._ray_actor_id.hex(), None)
+        _forget(args[0] if args else kwargs.get("actor"))
     except Exception:
         log.debug_exception("could not forget a killed actor")
     return result
+
+
+def _forget(actor):
+    registry.forget(actor)
+    _known.pop(actor._ray_actor_id.hex(), None)
 
 
 def _on_shutdown(wrapped, instance, args, kwargs):

@@ -21,8 +21,8 @@ a fork child's registry starts empty, and swanlab's `alive` is False there (pid)
 import threading
 import traceback
 
-from .. import engine, log, registry
-from . import Patches, contract, supported
+from .. import engine, registry
+from . import Patches, contract, recording, supported
 
 NAME = KIND = "swanlab"
 ORDER = 26  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
@@ -35,20 +35,12 @@ def patch():
         return
     from swanlab.sdk.internal.run import Run, get_run
 
-    _patches.wrap(Run, "__init__", _record_run)
+    _patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
     engine.register_kind(KIND, ORDER, finish_run)
     try:  # a run started before we were imported
         registry.record(KIND, get_run())
     except RuntimeError:
         pass
-
-
-def _record_run(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    try:
-        registry.record(KIND, instance)
-    except Exception:
-        log.debug_exception("could not record swanlab run %r", instance)
 
 
 def _state():

@@ -4,8 +4,8 @@ is lost. Order 25: before wandb (30), which can sync TensorBoard files.
 
 import sys
 
-from .. import engine, log, registry
-from . import Patches, contract, supported
+from .. import engine, registry
+from . import Patches, contract, recording, supported
 
 NAME, KIND, ORDER = "tensorboard", "tensorboard", 25
 TARGETS = (("torch.utils.tensorboard.writer", "SummaryWriter"), ("tensorboardX.writer", "SummaryWriter"))
@@ -20,15 +20,7 @@ def patch():
     for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
         if cls is not None:
-            _patches.wrap(cls, "__init__", _record_writer)
-
-
-def _record_writer(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    try:
-        registry.record(KIND, instance)
-    except Exception:
-        log.debug_exception("could not record %r", instance)
+            _patches.wrap(cls, "__init__", recording(lambda writer: registry.record(KIND, writer)))
 
 
 def close_writer(writer, timeout):

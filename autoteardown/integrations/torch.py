@@ -11,7 +11,7 @@ import sys
 import time
 
 from .. import engine, log, registry
-from . import Patches, contract, supported
+from . import Patches, contract, recording, supported
 
 NAME, KIND, ORDER = "torch", "dataloader", 10
 TARGETS = (
@@ -33,7 +33,7 @@ def patch():
             log.warning_once("%s has no _get_iterator (unsupported version); DataLoader workers are left alone",
                              class_name, tree=True)
         elif cls is not None:
-            _patches.wrap(cls, "_get_iterator", _record_iterator)
+            _patches.wrap(cls, "_get_iterator", recording(_record))
     from multiprocessing import resource_sharer
 
     from .. import signals
@@ -41,14 +41,9 @@ def patch():
     _patches.wrap(resource_sharer.DupFd, "detach", signals.critical)
 
 
-def _record_iterator(wrapped, instance, args, kwargs):
-    it = wrapped(*args, **kwargs)
-    try:
-        if getattr(it, "_workers", None):
-            registry.record(KIND, it)
-    except Exception:
-        log.debug_exception("could not record %r", it)
-    return it
+def _record(it):
+    if getattr(it, "_workers", None):  # no workers, nothing to shut down
+        registry.record(KIND, it)
 
 
 def forget_in_child(it):

@@ -18,8 +18,8 @@ callback, which would "finish" the parent's run there (that line, nothing writte
 import atexit
 import sys
 
-from .. import engine, log, registry
-from . import Patches, contract, supported
+from .. import engine, registry
+from . import Patches, contract, recording, supported
 
 NAME = KIND = "trackio"
 ORDER = 27  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
@@ -33,19 +33,11 @@ def patch():
     from trackio import context_vars
     from trackio.run import Run
 
-    _patches.wrap(Run, "__init__", _record_run)
+    _patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
     engine.register_kind(KIND, ORDER, finish_run, after_all=drop_exit_hook, in_child=drop_exit_hook)
     run = context_vars.current_run.get()  # a run started before we were imported
     if run is not None:
         registry.record(KIND, run)
-
-
-def _record_run(wrapped, instance, args, kwargs):
-    wrapped(*args, **kwargs)
-    try:
-        registry.record(KIND, instance)
-    except Exception:
-        log.debug_exception("could not record trackio run %r", instance)
 
 
 def finish_run(run, timeout):

@@ -9,7 +9,7 @@ import os
 import sys
 
 from .. import engine, log, registry
-from . import Patches, contract, exit_unless_stopped, supported
+from . import Patches, contract, exit_unless_stopped, recording, supported
 
 NAME = KIND = "wandb"
 ORDER = 30  # the private names below: tested on 0.22.0 and 0.31
@@ -23,7 +23,7 @@ def patch():
     from wandb.sdk import wandb_init, wandb_run
 
     # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
-    _patches.rebind(wandb_init.init, _record_run, "wandb")
+    _patches.rebind(wandb_init.init, recording(_record), "wandb")
     _patches.wrap(wandb_run.Run, "__exit__", exit_unless_stopped)
     engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
     setup = _setup()  # runs started before we were imported
@@ -32,15 +32,6 @@ def patch():
             runs = list(setup._active_runs)
         for run in runs:
             _record(run)
-
-
-def _record_run(wrapped, instance, args, kwargs):
-    run = wrapped(*args, **kwargs)
-    try:
-        _record(run)
-    except Exception:
-        log.debug_exception("could not record wandb run %r", run)
-    return run
 
 
 def _record(run):
