@@ -10,7 +10,8 @@ and the exit engine finalizes what they recorded before the libraries' own exit 
   signals.py                 SIGTERM, the one helper thread and its timers, ending a process early
   report.py, config.py,      the teardown report; the AUTOTEARDOWN_* variables;
   log.py                     stdlib logging, made on first use
-  bootstrap/, cli/           the sitecustomize that activates it; the command-line tools
+  bootstrap/, cli/,          the sitecustomize that activates it; the command-line tools
+  __main__.py                (`python -m autoteardown`)
 """
 
 import sys

@@ -62,9 +62,9 @@ def recording(record):
     def wrapper(wrapped, instance, args, kwargs):
         made = wrapped(*args, **kwargs)
         try:
-            record(instance if wrapped.__name__ == "__init__" else made)
+            record(instance if getattr(wrapped, "__name__", None) == "__init__" else made)
         except Exception:
-            log.debug_exception("could not record what %s made", wrapped.__name__)
+            log.debug_exception("could not record what %r made", wrapped)
         return made
 
     wrapper.__module__ = record.__module__  # the integration's own wrapper, as unpatch() sees it
