@@ -1,6 +1,6 @@
 """For tests/benchmark.py: a script with 8 live DataLoader workers, 2 wandb runs
 (offline, 100 steps each) and 2 Ray actors (local Ray) at its end.
-Usage: bench_exit.py shim|none|hand
+Usage: bench_exit.py shim|none|hand|hand-flush
 
 shim, none: the script just ends (run with the shim, autoteardown tears down; without
   it, the libraries' own exit hooks do what they do). Either way Ray's exit hook sleeps
@@ -9,6 +9,8 @@ shim, none: the script just ends (run with the shim, autoteardown tears down; wi
 hand: the script tears the same resources down itself first, as a careful user
   would: _shutdown_workers(), finish() each run, ray.shutdown(); it prints how
   long that took ("TEARDOWN: s").
+hand-flush: the same, but ray.shutdown() left to Ray's exit hook and its 0.5 s log
+  flush, as the shim leaves it: the shim's own cost against the same work by hand.
 Prints "END: time.monotonic()" when its own code is done (before exit).
 """
 
@@ -38,11 +40,12 @@ for run in runs:
     for step in range(100):
         run.log({"loss": 1 / (step + 1)})
 
-if sys.argv[1] == "hand":
+if sys.argv[1].startswith("hand"):
     started = time.monotonic()
     batches._shutdown_workers()
     for run in runs:
         run.finish()
-    ray.shutdown()
+    if sys.argv[1] == "hand":
+        ray.shutdown()
     print("TEARDOWN:", time.monotonic() - started, flush=True)
 print("END:", time.monotonic(), flush=True)
