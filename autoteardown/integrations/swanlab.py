@@ -3,11 +3,10 @@
 swanlab (0.9.8 to 0.10.3) finishes its run from hooks that `Run.__init__` sets:
 an atexit callback (finish(), "success"), `sys.excepthook` ("crashed", or
 "aborted" for KeyboardInterrupt, then the previous hook prints the traceback)
-and a SIGINT handler ("aborted"). Measured offline (0.10.3):
-- SIGTERM with the default handler runs none of them: the run file stays 0 bytes
-  (its writer flushes only in finish()); under the engine's SIGTERM handling too,
-  since the process dies of the signal after our teardown, before atexit callbacks;
-- `sys.exit(3)` reaches only the atexit callback: the run says FINISHED.
+and a SIGINT handler ("aborted"). A SIGTERM runs none of them, and the run's
+writer flushes only in finish() (the process dies of the signal after our
+teardown, before atexit callbacks); `sys.exit(3)` reaches only the atexit
+callback, which says FINISHED.
 
 We wrap `Run.__init__` and finish every run still alive at exit (before atexit):
 "success" for status 0, "crashed" with the reason for an exception or a non-zero

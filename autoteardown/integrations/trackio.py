@@ -3,10 +3,9 @@
 trackio (0.40 to 0.43) queues each `log()` and a daemon thread writes the queue to the
 project's sqlite database (TRACKIO_DIR/<project>.db) every 0.5 s; `finish()` stops
 that thread once it has written the rest. Its one exit hook, an atexit callback,
-finishes the run `trackio.init` made current in the main thread's context. Measured
-locally: SIGTERM with the default handler loses what was still queued (5 of 8 steps
-kept), and so it did under the engine's SIGTERM handling (the process dies of the
-signal after our teardown, before atexit callbacks).
+finishes the run `trackio.init` made current in the main thread's context. A SIGTERM
+loses what is still queued (the process dies of the signal after our teardown,
+before atexit callbacks).
 
 Trackio stores no end state (no status, no exit code): ending a run is writing all
 of it. We wrap `Run.__init__`, finish() each run the user has not finished at exit,
