@@ -37,7 +37,8 @@ def patch():
 
     from mlflow.utils import rest_utils
 
-    _patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")  # mlflow and mlflow.tracking.fluent bind it
+    # Bound under several names: start_run in mlflow and its fluent module, http_request in the stores.
+    _patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")
     _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
     _patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
     engine.register_kind(KIND, ORDER, end_run)
