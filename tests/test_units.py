@@ -12,6 +12,34 @@ from helpers import ROOT, base_env
 from autoteardown.integrations import check_version, version_tuple
 
 
+# ---- recording(): what a record hook records, and that it never raises ----------
+
+def test_recording_records_a_result_or_an_initialised_instance_and_never_raises():
+    import wrapt
+
+    from autoteardown.integrations import recording
+
+    seen = []
+
+    def record(obj):
+        seen.append(obj)
+        raise RuntimeError("a record that fails")  # a debug line, never the caller's
+
+    class Made:
+        def __init__(self, value):
+            self.value = value
+
+        def make(self):
+            return ("made by", self.value)
+
+    wrapt.wrap_function_wrapper(Made, "__init__", recording(record))
+    wrapt.wrap_function_wrapper(Made, "make", recording(record))
+    made = Made(3)
+    assert made.value == 3 and seen == [made]
+    assert made.make() == ("made by", 3) and seen == [made, ("made by", 3)]
+    assert recording(record).__module__ == __name__  # the recording module's wrapper (unpatch, contract scan)
+
+
 # ---- version_tuple, check_version ---------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [
