@@ -15,6 +15,7 @@ import time
 
 import psutil
 import ray
+from procs import running
 
 workers = sys.argv[1]
 package = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "autoteardown"))
@@ -75,9 +76,9 @@ second.__ray_terminate__.options(name="stop").remote()
 sent = time.monotonic()
 while time.monotonic() - sent < float(os.environ.get("WATCH_S", "8")):
     time.sleep(0.1)
-    gone = [pid for pid in pids if not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"]
+    gone = [pid for pid in pids if not running(pid)]
     if len(gone) == len(pids):
         break
 print("GONE_AFTER:", round(time.monotonic() - sent, 2))
-print("ALIVE:", *[pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"])
+print("ALIVE:", *[pid for pid in pids if running(pid)])
 print("BYSTANDER_ALIVE:", psutil.pid_exists(bystander_pid), flush=True)

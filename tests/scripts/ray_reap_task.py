@@ -4,8 +4,8 @@ kills an actor that hangs after __ray_terminate__ (autoteardown itself disabled)
 import os
 import time
 
-import psutil
 import ray
+from procs import running
 
 from autoteardown.integrations.ray_driver import _remote_kill_on
 
@@ -31,4 +31,4 @@ actor.__ray_terminate__.remote()
 time.sleep(1)
 print("KILLED:", ray.get(_remote_kill_on(node_id).remote(pid, requested_at, time.time()), timeout=60))
 time.sleep(0.5)
-print("ALIVE:", *[pid] if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" else [], flush=True)
+print("ALIVE:", *[pid] if running(pid) else [], flush=True)

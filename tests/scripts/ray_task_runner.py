@@ -57,11 +57,11 @@ if mode in ("terminate", "sigterm"):
         runner.__ray_terminate__.remote()
     else:  # as Ray's raylet does to a worker it stops
         os.kill(actor_pid, 15)
-    import psutil
+    from procs import running
 
     deadline = time.monotonic() + 15
-    while psutil.pid_exists(actor_pid) and psutil.Process(actor_pid).status() != "zombie":
+    while running(actor_pid):
         if time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    print("ACTOR_GONE:", not psutil.pid_exists(actor_pid) or psutil.Process(actor_pid).status() == "zombie", flush=True)
+    print("ACTOR_GONE:", not running(actor_pid), flush=True)

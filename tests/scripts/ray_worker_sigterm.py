@@ -9,8 +9,8 @@ import os
 import sys
 import time
 
-import psutil
 import ray
+from procs import running
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 
@@ -57,7 +57,7 @@ if MODE == "busy":
     print("WORKING:", os.path.exists(OUT + ".working"), flush=True)
 os.kill(pid, 15)
 deadline = time.monotonic() + 20
-while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+while running(pid) and time.monotonic() < deadline:
     time.sleep(0.1)
-print("GONE:", not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, flush=True)
+print("GONE:", not running(pid), flush=True)
 print("PROBE:", open(OUT).read() if os.path.exists(OUT) else "none", flush=True)
