@@ -10,6 +10,8 @@
   teardown of the same resources (with ray.shutdown(), and without it: Ray's exit hook
   then flushes the actors' logs for 0.5 s, as with the shim) and against the script
   just ending without the shim (alternated, so that a busy machine slows all alike);
+- exit time of a script whose DataLoader items take 3 s each (tests/scripts/slow_items_job.py),
+  ending or raising after its first batch: the shim against no shim (alternated);
 - the registry after 10,000 iterators recorded and dropped: entries held and the
   memory allocated in registry.py (tracemalloc), against after 100 (it must not grow).
 
@@ -117,6 +119,18 @@ def all_resources_exit_time():
     return [statistics.median(times[mode]) * 1000 for mode in ("hand", "shim", "none", "hand-flush")]
 
 
+def slow_items_exit_time(ending):
+    """Median exit time (END to the end of the process) of slow_items_job.py: (shim, none)."""
+    times = {True: [], False: []}
+    for _ in range(EXIT_RUNS):
+        for shim in times:
+            proc = subprocess.run([sys.executable, str(SCRIPTS / "slow_items_job.py"), "3", ending],
+                                  env=base_env(shim), capture_output=True, text=True, timeout=120)
+            ended = time.monotonic()
+            times[shim].append(ended - float(re.search(r"^END: (\S+)", proc.stdout, re.M).group(1)))
+    return statistics.median(times[True]) * 1000, statistics.median(times[False]) * 1000
+
+
 REGISTRY_MEMORY = """
 import collections, gc, tracemalloc, torch
 from torch.utils.data import DataLoader
@@ -175,6 +189,11 @@ def main():
                  f"x{none_all / hand_all:.2f} of by hand"))
     rows.append(("the same by hand, ray.shutdown() left to Ray's exit hook (its 0.5 s log flush)",
                  f"{flush_all:.0f} ms", f"autoteardown x{shim_all / flush_all:.2f} of it"))
+    for ending in ("normal", "raise"):
+        shim_slow, none_slow = slow_items_exit_time(ending)
+        rows.append((f"exit, 2 workers loading 3 s items ({ending} end): autoteardown", f"{shim_slow:.0f} ms",
+                     f"x{shim_slow / none_slow:.2f} of no shim"))
+        rows.append((f"exit, 2 workers loading 3 s items ({ending} end): no shim", f"{none_slow:.0f} ms", ""))
     (entries_100, bytes_100), (entries_10k, bytes_10k) = registry_memory()
     rows.append(("registry after 100 iterators recorded and dropped", f"{entries_100} entries", f"{bytes_100 / 1024:.1f} KiB"))
     rows.append(("registry after 10,000 iterators recorded and dropped", f"{entries_10k} entries",

@@ -20,6 +20,7 @@ TARGETS = (
 )
 _patches = Patches()
 get_version, unpatch = contract(NAME, _patches)
+WORKER_GRACE = 0.5  # for an idle worker to leave, and for a SIGTERMed one to die
 _EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
 
 
@@ -64,11 +65,15 @@ def unwatch_workers(it):
 
 
 def shutdown_workers(it, timeout):
-    """Tell every worker to stop, then wait once, half the budget (torch joins them one
-    by one, 5 s each); kill what still runs, so torch's own shutdown returns at once."""
+    """Tell every worker to stop and end it at once if it is loading an item: the
+    teardown waits for work whose result outlives the process (engine.py), and an item
+    being loaded dies with it. An idle worker (no task outstanding) leaves by itself
+    within WORKER_GRACE; a busy one is SIGTERMed as multiprocessing would at exit (torch's
+    worker handler makes a SIGTERM from its parent a quiet exit 0), SIGKILLed after
+    WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal"."""
     if getattr(it, "_shutdown", True):
         return
-    until = time.monotonic() + timeout / 2
+    grace = min(WORKER_GRACE, timeout / 2)
     try:
         # As torch does: the pin-memory thread first, since workers exiting can leave
         # half-written data in the queue it reads.
@@ -76,20 +81,27 @@ def shutdown_workers(it, timeout):
         if thread is not None:
             it._pin_memory_thread_done_event.set()
             it._worker_result_queue.put((None, None))
-            thread.join(max(0.0, until - time.monotonic()))
+            thread.join(grace)
         it._workers_done_event.set()
         for worker_id, _ in enumerate(it._workers):
             if it._persistent_workers or it._workers_status[worker_id]:
                 it._mark_worker_as_unavailable(worker_id, shutdown=True)
-        for w in it._workers:  # every worker has been told: these joins share one deadline
-            w.join(max(0.0, until - time.monotonic()))
-        stuck = [w for w in it._workers if w.exitcode is None]
-        for w in stuck:
-            w.kill()
-        for w in stuck:
-            w.join(1.0)
-        if stuck:
-            log.debug("killed %d stuck DataLoader worker(s)", len(stuck))
+        busy = {info[0] for info in getattr(it, "_task_info", {}).values() if len(info) == 1}
+        until = time.monotonic() + grace
+        for worker_id, w in enumerate(it._workers):
+            if worker_id not in busy:
+                w.join(max(0.0, until - time.monotonic()))
+        left = [w for w in it._workers if w.exitcode is None]
+        if left:
+            unwatch_workers(it)
+            for method in ("terminate", "kill"):
+                until = time.monotonic() + grace
+                for w in left:
+                    getattr(w, method)()
+                for w in left:
+                    w.join(max(0.0, until - time.monotonic()))
+                left = [w for w in left if w.exitcode is None]
+            log.debug("ended %d DataLoader worker(s) loading items nobody will read", len(busy))
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
