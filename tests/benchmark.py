@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import ROOT, SCRIPTS, base_env, in_session, kill_pids  # noqa: E402
+from helpers import ROOT, SCRIPTS, base_env, in_session, kill_pids, python  # noqa: E402
 
 RUNS = 15
 EXIT_RUNS = 5
@@ -35,9 +35,7 @@ EXIT_RUNS = 5
 
 def py(code, shim=True, extra=()):
     """shim=True: autoteardown importable (but not auto-imported) from this checkout."""
-    env = base_env(False, PYTHONPATH=str(ROOT) if shim else "")
-    return subprocess.run([sys.executable, *extra, "-c", code], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return python([*extra, "-c", code], shim=False, pythonpath=ROOT if shim else None, timeout=120)
 
 
 def import_cost():
@@ -50,8 +48,12 @@ def import_cost():
         own.append(int(match.group(1)) / 1000)
     bare, shim = [], []
     for _ in range(RUNS):
-        t = time.perf_counter(); py("pass", shim=False); bare.append(time.perf_counter() - t)
-        t = time.perf_counter(); py("import autoteardown"); shim.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        py("pass", shim=False)
+        bare.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        py("import autoteardown")
+        shim.append(time.perf_counter() - t)
     return statistics.median(own), statistics.median(bare) * 1000, statistics.median(shim) * 1000
 
 
@@ -88,8 +90,7 @@ print("END", time.monotonic(), flush=True)
 def exit_time(mode):
     times = []
     for _ in range(5):
-        proc = subprocess.run([sys.executable, "-c", EXIT_8, mode], env=base_env(mode == "shim"),
-                              capture_output=True, text=True, timeout=120)
+        proc = python(EXIT_8, mode, shim=mode == "shim", timeout=120)
         ended = time.monotonic()
         end = float(re.search(r"^END (\S+)", proc.stdout, re.M).group(1))
         extra = re.search(r"^SHUTDOWN (\S+)", proc.stdout, re.M)
@@ -124,8 +125,7 @@ def slow_items_exit_time(ending):
     times = {True: [], False: []}
     for _ in range(EXIT_RUNS):
         for shim in times:
-            proc = subprocess.run([sys.executable, str(SCRIPTS / "slow_items_job.py"), "3", ending],
-                                  env=base_env(shim), capture_output=True, text=True, timeout=120)
+            proc = python([SCRIPTS / "slow_items_job.py", "3", ending], shim=shim, timeout=120)
             ended = time.monotonic()
             times[shim].append(ended - float(re.search(r"^END: (\S+)", proc.stdout, re.M).group(1)))
     return statistics.median(times[True]) * 1000, statistics.median(times[False]) * 1000

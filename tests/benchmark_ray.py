@@ -15,22 +15,21 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import SCRIPTS, base_env, kill_pids, reported as pids  # noqa: E402
+from helpers import SCRIPTS, kill_pids, python  # noqa: E402
+from helpers import reported as pids  # noqa: E402
 
 GRACE = 5.0
 
 
 def script(name, *args, shim, **env):
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(SCRIPTS / name), *args], env=base_env(shim, **env),
-                          capture_output=True, text=True, timeout=400)
+    proc = python([SCRIPTS / name, *args], shim=shim, env=env, timeout=400)
     return proc, time.monotonic() - started, time.monotonic()
 
 

@@ -7,14 +7,13 @@ the shim wandb's atexit hook finishes the run; with it, autoteardown does.
 
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import base_env  # noqa: E402
+from helpers import python  # noqa: E402
 
 RUNS = 21
 
@@ -29,9 +28,8 @@ print("END", time.monotonic(), flush=True)
 
 def exit_time(shim):
     with tempfile.TemporaryDirectory() as wandb_dir:
-        env = base_env(shim, WANDB_DIR=wandb_dir, WANDB_CACHE_DIR=Path(wandb_dir, "cache"))
-        proc = subprocess.run([sys.executable, "-c", ONE_RUN], env=env,
-                              capture_output=True, text=True, timeout=120)
+        env = {"WANDB_DIR": wandb_dir, "WANDB_CACHE_DIR": Path(wandb_dir, "cache")}
+        proc = python(ONE_RUN, shim=shim, env=env, timeout=120)
         ended = time.monotonic()
     return ended - float(re.search(r"^END (\S+)", proc.stdout, re.M).group(1))
 

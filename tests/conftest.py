@@ -114,7 +114,7 @@ def pytest_unconfigure(config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     baselines = getattr(config, "_baselines", {})
-    if not baselines:
+    if not baselines or hasattr(config, "workerinput"):  # an xdist worker: the controller reports
         return
     terminalreporter.section("baselines (reported, not gating)")
     lines = []

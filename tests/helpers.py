@@ -1,9 +1,10 @@
 """Run small unmodified scripts in subprocesses, with or without the shim.
 
-The one scaffolding of the suite: base_env() for every subprocess, start()/finish()/run(),
-one parser of the "TAG: pid pid" lines the scripts print (reported()), one Jobs helper
-that kills whatever its scripts left behind (the `jobs` fixture in conftest.py), one
-free_port(). Processes are killed by pid, never by name."""
+The one scaffolding of the suite: base_env() for every subprocess, start()/finish()/run()
+for the scripts, python() for code (or a module) in a fresh interpreter, one parser of the
+"TAG: pid pid" lines the scripts print (reported()), one Jobs helper that kills whatever its
+scripts, or any command it started (Jobs.popen), left behind (the `jobs` fixture in
+conftest.py), one free_port(). Processes are killed by pid, never by name."""
 
 import os
 import re
@@ -125,13 +126,33 @@ def finish(proc, timeout=90, started=None):
         kill_tree(proc.pid)
         kill_pids(in_session(proc.pid))  # orphans (reparented) that still hold its pipes
         out, err = proc.communicate(timeout=30)
-        raise AssertionError(f"script hung for {timeout}s\n{out}\n{err}")
+        raise AssertionError(f"script hung for {timeout}s\n{out}\n{err}") from None
     return Run(proc, out, err, time.monotonic() - started)
 
 
 def run(script, *args, shim=True, env=None, timeout=90, cwd=None):
     started = time.monotonic()
     return finish(start(script, *args, shim=shim, env=env, cwd=cwd), timeout, started)
+
+
+def python(code_or_args, *args, shim=True, env=None, timeout=90, input=None, pythonpath=None, launcher=(),
+           cwd=None):
+    """Run a fresh interpreter (sys.executable) to its end: its subprocess.CompletedProcess,
+    stdout and stderr captured as text; subprocess.TimeoutExpired after `timeout` seconds.
+
+    code_or_args: the code for `-c` (a str), or the interpreter's own arguments (a list:
+    ["-m", "autoteardown", "doctor"], ["-i"], [script, ...]); `args` follow it (sys.argv[1:]).
+    shim, env: its environment, base_env(shim, **env); pythonpath: entries put on PYTHONPATH
+    after the shim's (shim=True), or alone (shim=False: pythonpath=ROOT, autoteardown importable
+    but not activated). launcher: the command that starts the interpreter (autoteardown-run).
+    input: its standard input (else this process's)."""
+    command = ["-c", code_or_args] if isinstance(code_or_args, str) else list(code_or_args)
+    environ = base_env(shim, **(env or {}))
+    if pythonpath is not None:
+        entries = [pythonpath] if isinstance(pythonpath, (str, os.PathLike)) else list(pythonpath)
+        environ["PYTHONPATH"] = os.pathsep.join([*filter(None, [environ["PYTHONPATH"]]), *map(str, entries)])
+    return subprocess.run([*map(str, launcher), sys.executable, *map(str, command), *map(str, args)],
+                          env=environ, cwd=cwd, input=input, capture_output=True, text=True, timeout=timeout)
 
 
 def wait_for_line(proc, prefix, timeout=60):
@@ -226,6 +247,13 @@ class Jobs:
 
     def start(self, script, *args, shim=True, env=None, **extra):
         proc = start(script, *args, shim=shim, env=self.env(**(env or {}), **extra))
+        self.sessions.append(proc.pid)
+        return proc
+
+    def popen(self, args, **popen_kwargs):
+        """subprocess.Popen(args, **popen_kwargs) of any command, in a session of its own,
+        killed at cleanup() like a script of start() (env, pipes: as given, nothing added)."""
+        proc = subprocess.Popen(args, start_new_session=True, **popen_kwargs)
         self.sessions.append(proc.pid)
         return proc
 

@@ -4,12 +4,11 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT, SCRIPTS, base_env, noise, tracebacks, wait_for_line, wait_gone
+from helpers import ROOT, SCRIPTS, noise, python, tracebacks, wait_for_line, wait_gone
 
 JOB = str(SCRIPTS / "dataloader_job.py")
 RUN_JOB = f"import runpy, sys; sys.argv = [{JOB!r}, 'normal']; runpy.run_path({JOB!r}, run_name='__main__')"
@@ -35,74 +34,54 @@ def assert_clean(result):
 
 @pytest.mark.needs_torch
 def test_import_in_the_script():
-    env = base_env(shim=False, PYTHONPATH=str(ROOT))
     code = "import autoteardown\n" + RUN_JOB
-    assert_clean(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=90))
+    assert_clean(python(code, shim=False, pythonpath=ROOT, timeout=90))
 
 
 def test_sitecustomize_runs_the_one_it_shadows(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("print('SHADOWED SITECUSTOMIZE RAN')\n")
-    env = base_env(shim=True)
-    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
-    result = subprocess.run([sys.executable, "-c", "import sys; print('AT', 'autoteardown' in sys.modules)"],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = python("import sys; print('AT', 'autoteardown' in sys.modules)", pythonpath=tmp_path, timeout=60)
     assert result.stdout.splitlines() == ["SHADOWED SITECUSTOMIZE RAN", "AT True"], result
 
 
 @pytest.mark.needs_torch
 def test_pythonstartup_in_an_interactive_session():
-    env = base_env(shim=False, PYTHONPATH=str(ROOT),
-                   PYTHONSTARTUP=str(ROOT / "sitecustomize_example" / "pythonstartup.py"))
-    result = subprocess.run([sys.executable, "-i"], input=RUN_JOB + "\n", env=env,
-                            capture_output=True, text=True, timeout=90)
+    startup = {"PYTHONSTARTUP": ROOT / "sitecustomize_example" / "pythonstartup.py"}
+    result = python(["-i"], input=RUN_JOB + "\n", shim=False, pythonpath=ROOT, env=startup, timeout=90)
     assert_clean(result)
     # Without it the same session prints the DataLoader message.
-    del env["PYTHONSTARTUP"]
-    result = subprocess.run([sys.executable, "-i"], input=RUN_JOB + "\n", env=env,
-                            capture_output=True, text=True, timeout=90)
+    result = python(["-i"], input=RUN_JOB + "\n", shim=False, pythonpath=ROOT, timeout=90)
     assert "killed by signal" in result.stderr
 
 
 @pytest.mark.needs_torch
 def test_autoteardown_run_covers_the_script_and_its_python_children():
-    env = base_env(shim=False)
-    result = subprocess.run([autoteardown_run(), sys.executable, JOB, "normal"], env=env,
-                            capture_output=True, text=True, timeout=90)
+    result = python([JOB, "normal"], shim=False, launcher=[autoteardown_run()], timeout=90)
     assert_clean(result)
-    result = subprocess.run([autoteardown_run(), sys.executable, "-c", CHILD_SEES_SHIM], env=env,
-                            capture_output=True, text=True, timeout=60)
+    result = python(CHILD_SEES_SHIM, shim=False, launcher=[autoteardown_run()], timeout=60)
     assert result.stdout.strip() == "CHILD True", result
 
 
 def test_autoteardown_run_passes_the_exit_status_through():
-    env = base_env(shim=False)
     for code, status in [("pass", 0), ("import sys; sys.exit(3)", 3),
                          ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM)]:
-        result = subprocess.run([autoteardown_run(), sys.executable, "-c", code], env=env,
-                                capture_output=True, text=True, timeout=60)
+        result = python(code, shim=False, launcher=[autoteardown_run()], timeout=60)
         assert result.returncode == status, (code, result)
 
 
 def test_autoteardown_run_keeps_the_existing_pythonpath(tmp_path):
     (tmp_path / "marker_module.py").write_text("")
-    env = base_env(shim=False, PYTHONPATH=str(tmp_path))
-    result = subprocess.run([autoteardown_run(), sys.executable, "-c", "import marker_module, autoteardown"],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = python("import marker_module, autoteardown", shim=False, pythonpath=tmp_path,
+                    launcher=[autoteardown_run()], timeout=60)
     assert result.returncode == 0, result.stderr
 
 
 # ---- the shipped bootstrap, for pip users ---------------------------------------------
 
 def sitecustomize_path():
-    result = subprocess.run([sys.executable, "-m", "autoteardown", "sitecustomize-path"],
-                            env=base_env(shim=False, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    result = python(["-m", "autoteardown", "sitecustomize-path"], shim=False, pythonpath=ROOT, timeout=60)
     assert result.returncode == 0, result
     return result.stdout.strip()
-
-
-def python(code, timeout=60, **env):
-    return subprocess.run([sys.executable, "-c", code], env=base_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_the_example_folder_runs_the_shipped_sitecustomize():
@@ -130,7 +109,7 @@ def test_sitecustomize_path_covers_a_sigterm_to_dataloader_and_wandb(jobs):
 def test_an_error_in_the_shadowed_sitecustomize_is_reported_as_the_users(tmp_path):
     (tmp_path / "sitecustomize.py").write_text("print('MINE STARTED')\nraise ValueError('my own mistake')\n")
     result = python("import sys; print('AT', 'autoteardown' in sys.modules)",
-                    shim=False, PYTHONPATH=os.pathsep.join([sitecustomize_path(), str(tmp_path)]))
+                    shim=False, pythonpath=[sitecustomize_path(), tmp_path], timeout=60)
     assert result.returncode == 0, result
     assert result.stdout.splitlines() == ["MINE STARTED", "AT True"], result
     assert f"Error in sitecustomize ({tmp_path / 'sitecustomize.py'})" in result.stderr, result
@@ -143,7 +122,7 @@ def test_a_broken_autoteardown_still_runs_the_shadowed_sitecustomize(tmp_path):
     (broken / "autoteardown" / "__init__.py").write_text("raise ImportError('half installed')\n")
     (tmp_path / "sitecustomize.py").write_text("print('MINE RAN')\n")
     bootstrap = sitecustomize_path().split(os.pathsep)[0]
-    result = python("print('MAIN')", shim=False, PYTHONPATH=os.pathsep.join([bootstrap, str(broken), str(tmp_path)]))
+    result = python("print('MAIN')", shim=False, pythonpath=[bootstrap, broken, tmp_path], timeout=60)
     assert result.returncode == 0 and result.stdout.splitlines() == ["MINE RAN", "MAIN"], result
     assert "autoteardown: not activated: ImportError: half installed" in result.stderr, result
 
@@ -153,32 +132,34 @@ def activation_lines(stderr):
 
 
 def test_debug_confirms_the_activation_once_per_process():
-    result = python(CHILD_SEES_SHIM, shim=True, AUTOTEARDOWN_DEBUG=1)
+    result = python(CHILD_SEES_SHIM, shim=True, env={"AUTOTEARDOWN_DEBUG": 1}, timeout=60)
     lines = activation_lines(result.stderr)
     assert [via for _, via in lines] == ["sitecustomize", "sitecustomize"], result
     assert len({pid for pid, _ in lines}) == 2, result
-    result = python("import autoteardown", shim=False, PYTHONPATH=str(ROOT), AUTOTEARDOWN_DEBUG=1)
+    result = python("import autoteardown", shim=False, pythonpath=ROOT, env={"AUTOTEARDOWN_DEBUG": 1}, timeout=60)
     assert [via for _, via in activation_lines(result.stderr)] == ["import"], result
-    result = subprocess.run([sys.executable, "-m", "autoteardown", "run", "-d", sys.executable, "-c", "pass"],
-                            env=base_env(shim=False, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    result = python(["-m", "autoteardown", "run", "-d", sys.executable, "-c", "pass"], shim=False, pythonpath=ROOT,
+                    timeout=60)
     assert [via for _, via in activation_lines(result.stderr)] == ["autoteardown-run"], result
-    result = python("import autoteardown", shim=True, AUTOTEARDOWN_DEBUG=1, AUTOTEARDOWN_DISABLE=1)
+    result = python("import autoteardown", shim=True, env={"AUTOTEARDOWN_DEBUG": 1, "AUTOTEARDOWN_DISABLE": 1},
+                    timeout=60)
     assert result.stderr.strip().splitlines() == [
         f"autoteardown: [pid {result.stderr.split('pid ')[1].split(']')[0]}] DEBUG: "
         "AUTOTEARDOWN_DISABLE=1: imported (via sitecustomize) but doing nothing in this process"], result
 
 
 def test_debug_lines_carry_pid_and_rank():
-    result = python("import autoteardown.log as log; log.debug('hello')", shim=True, AUTOTEARDOWN_DEBUG=1, RANK=3)
+    result = python("import autoteardown.log as log; log.debug('hello')", shim=True,
+                    env={"AUTOTEARDOWN_DEBUG": 1, "RANK": 3}, timeout=60)
     assert re.search(r"^autoteardown: \[pid \d+ rank 3\] DEBUG: hello$", result.stderr, re.M), result
-    result = python("import autoteardown.log as log; log.warning('plain')", shim=True)
+    result = python("import autoteardown.log as log; log.warning('plain')", shim=True, timeout=60)
     assert result.stderr.strip() == "autoteardown: WARNING: plain", result
 
 
 def test_warning_once_is_keyed_by_the_formatted_message():
     code = ("import autoteardown.log as log\n"
             "for value in (1, 2, 1, 2):\n    log.warning_once('value %s', value)")
-    result = python(code, shim=False, PYTHONPATH=str(ROOT))
+    result = python(code, shim=False, pythonpath=ROOT, timeout=60)
     assert result.stderr.splitlines() == ["autoteardown: WARNING: value 1", "autoteardown: WARNING: value 2"], result
 
 
@@ -193,5 +174,5 @@ def test_a_config_warning_is_printed_once_per_process_tree(jobs):
                         "seconds; using 10"], result
     code = ("import os, subprocess, sys; os.environ['AUTOTEARDOWN_TIMEOUT'] = 'later'; "
             "subprocess.run([sys.executable, '-c', 'pass'])")
-    result = python(code, shim=True, AUTOTEARDOWN_TIMEOUT="soon")
+    result = python(code, shim=True, env={"AUTOTEARDOWN_TIMEOUT": "soon"}, timeout=60)
     assert result.stderr.count("is not a positive number") == 2, result

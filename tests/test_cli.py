@@ -3,20 +3,19 @@ console scripts `autoteardown` and `autoteardown-run` call these)."""
 
 import os
 import re
-import subprocess
 import sys
 import time
 
-from helpers import ROOT, base_env
+from helpers import ROOT, python
 
-CLI = [sys.executable, "-m", "autoteardown"]
+# The interpreter's arguments that run the command.
+CLI = ["-m", "autoteardown"]
 # autoteardown-run, without needing the console script installed.
-RUN_ALIAS = [sys.executable, "-c", "import sys; from autoteardown.cli import run; sys.exit(run())"]
+RUN_ALIAS = ["-c", "import sys; from autoteardown.cli import run; sys.exit(run())"]
 
 
-def cli(*args, command=CLI, timeout=60, **env):
-    return subprocess.run([*command, *args], env=base_env(shim=False, PYTHONPATH=str(ROOT), **env),
-                          capture_output=True, text=True, timeout=timeout)
+def cli(*args, command=CLI, timeout=60):
+    return python([*command, *args], shim=False, pythonpath=ROOT, timeout=timeout)
 
 
 def variables_in_the_source():
@@ -100,9 +99,8 @@ def test_sitecustomize_path_activates_python():
     assert result.returncode == 0, result
     entries = result.stdout.strip().split(os.pathsep)
     assert os.path.isfile(os.path.join(entries[0], "sitecustomize.py")), entries
-    probe = subprocess.run([sys.executable, "-c", "import sys; print('autoteardown' in sys.modules)"],
-                           env=base_env(shim=False, PYTHONPATH=result.stdout.strip()),
-                           capture_output=True, text=True, timeout=60)
+    probe = python("import sys; print('autoteardown' in sys.modules)", shim=False, pythonpath=result.stdout.strip(),
+                   timeout=60)
     assert probe.stdout.strip() == "True", probe
 
 
@@ -111,6 +109,5 @@ def test_cli_startup_imports_no_library():
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             "    cli.main(['sitecustomize-path']); cli.main(['--version'])\n"
             "print(sorted(m for m in ('torch', 'wandb', 'ray', 'psutil', 'wrapt') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], env=base_env(shim=False, PYTHONPATH=str(ROOT)),
-                            capture_output=True, text=True, timeout=60)
+    result = python(code, shim=False, pythonpath=ROOT, timeout=60)
     assert result.stdout.strip() == "[]", result

@@ -2,25 +2,18 @@
 where import order matters; the patch contract of each integration is in test_contract.py)."""
 
 import gc
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, base_env
+from helpers import ROOT, python
 
 from autoteardown import registry
 
 HEAVY = ("torch", "torchdata", "wandb", "ray", "wrapt", "mlflow", "swanlab", "trackio")
 
 
-def python(code, shim=True, timeout=120, **env):
-    return subprocess.run([sys.executable, "-c", code], env=base_env(shim, **env),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_import_is_lazy():
-    result = python("import sys, autoteardown; print([m for m in %r if m in sys.modules])" % (HEAVY,))
+    result = python("import sys, autoteardown; print([m for m in %r if m in sys.modules])" % (HEAVY,), timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert result.stderr == ""
@@ -84,8 +77,7 @@ print("ERRORS:", errors[:1], "LOST:", len([k for k in kept if not any(k is o for
 
 
 def churn(lock):
-    result = subprocess.run([sys.executable, "-c", CHURN, lock], env=base_env(False, PYTHONPATH=ROOT),
-                            capture_output=True, text=True, timeout=120)
+    result = python(CHURN, lock, shim=False, pythonpath=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -104,8 +96,8 @@ def test_without_its_lock_the_registry_breaks_under_the_same_churn():
 
 def test_bad_config_warns_once_and_uses_defaults():
     result = python("import autoteardown.config as c; print(c.TIMEOUT, sorted(c.DISABLED_INTEGRATIONS), c.DEBUG)",
-                    AUTOTEARDOWN_TIMEOUT="soon", AUTOTEARDOWN_DISABLED_INTEGRATIONS="wandb,tensorflow",
-                    AUTOTEARDOWN_DEBUG="maybe")
+                    env={"AUTOTEARDOWN_TIMEOUT": "soon", "AUTOTEARDOWN_DISABLED_INTEGRATIONS": "wandb,tensorflow",
+                         "AUTOTEARDOWN_DEBUG": "maybe"}, timeout=120)
     assert result.returncode == 0
     assert result.stdout.strip() == "10.0 ['wandb'] False"
     lines = result.stderr.strip().splitlines()
@@ -117,7 +109,7 @@ def test_bad_config_warns_once_and_uses_defaults():
 def test_disable_does_nothing_at_all():
     result = python("import autoteardown, sys, torch.utils.data as d, wrapt;"
                     "print(isinstance(vars(d.DataLoader)['_get_iterator'], wrapt.FunctionWrapper))",
-                    AUTOTEARDOWN_DISABLE="1")
+                    env={"AUTOTEARDOWN_DISABLE": "1"}, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -125,7 +117,7 @@ def test_disable_does_nothing_at_all():
 def test_disabled_integration_is_not_patched():
     result = python("import autoteardown, torch.utils.data as d, wrapt;"
                     "print(isinstance(vars(d.DataLoader)['_get_iterator'], wrapt.FunctionWrapper))",
-                    AUTOTEARDOWN_DISABLED_INTEGRATIONS="torch")
+                    env={"AUTOTEARDOWN_DISABLED_INTEGRATIONS": "torch"}, timeout=120)
     assert result.stdout.strip() == "False", result.stderr
 
 
@@ -149,5 +141,5 @@ print("OK")
 
 @pytest.mark.needs_torch
 def test_finalize_keeps_the_position_and_starts_no_workers():
-    result = python(STATE_AFTER_FINALIZE)
+    result = python(STATE_AFTER_FINALIZE, timeout=120)
     assert result.stdout.strip() == "OK", result.stderr

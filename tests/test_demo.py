@@ -1,20 +1,16 @@
 """`autoteardown demo` and `doctor`, as a newcomer runs them (through python -m autoteardown)."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT, base_env
+from helpers import ROOT, python
 
 WIDTH, COL = 42, 13  # demo.report's layout
 
 
 def demo(*args, timeout=400):
-    return subprocess.run([sys.executable, "-m", "autoteardown", "demo", *args],
-                          env=base_env(shim=False, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                          timeout=timeout)
+    return python(["-m", "autoteardown", "demo", *args], shim=False, pythonpath=ROOT, timeout=timeout)
 
 
 def rows(out):
@@ -82,10 +78,8 @@ def test_a_failed_job_makes_the_demo_fail_with_its_stderr():
 
 
 def test_doctor_reports_versions_integrations_activation_and_config():
-    result = subprocess.run([sys.executable, "-m", "autoteardown", "doctor"],
-                            env=base_env(shim=False, PYTHONPATH=str(ROOT), AUTOTEARDOWN_TIMEOUT="later",
-                                         AUTOTEARDOWN_DISABLED_INTEGRATIONS="wandb"),
-                            capture_output=True, text=True, timeout=60)
+    result = python(["-m", "autoteardown", "doctor"], shim=False, pythonpath=ROOT, timeout=60,
+                    env={"AUTOTEARDOWN_TIMEOUT": "later", "AUTOTEARDOWN_DISABLED_INTEGRATIONS": "wandb"})
     assert result.returncode == 0, result.stderr
     out = result.stdout
     import importlib.util
@@ -100,8 +94,7 @@ def test_doctor_reports_versions_integrations_activation_and_config():
     assert f"bootstrap sitecustomize: {ROOT / 'autoteardown' / 'bootstrap'}" in out, out
     assert "AUTOTEARDOWN_TIMEOUT = 10.0" in out
     assert result.stderr.count("AUTOTEARDOWN_TIMEOUT='later' is not a positive number") == 1, result.stderr
-    result = subprocess.run([sys.executable, "-m", "autoteardown", "doctor"], env=base_env(shim=True),
-                            capture_output=True, text=True, timeout=60)
+    result = python(["-m", "autoteardown", "doctor"], shim=True, timeout=60)
     assert "active for `python` here: yes, through sitecustomize" in result.stdout, result
 
 

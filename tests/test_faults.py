@@ -17,8 +17,17 @@ import signal
 
 import pytest
 
-from helpers import (LOAD_MARGIN, ROOT, SITECUSTOMIZE, finish, noise, tracebacks, wait_for_line, wait_gone,
-                     wait_session_gone)
+from helpers import (
+    LOAD_MARGIN,
+    ROOT,
+    SITECUSTOMIZE,
+    finish,
+    noise,
+    tracebacks,
+    wait_for_line,
+    wait_gone,
+    wait_session_gone,
+)
 
 TIMEOUT = 4.0  # AUTOTEARDOWN_TIMEOUT where the deadline is what is tested
 
@@ -174,7 +183,7 @@ def test_unsupported_versions_are_warned_once_and_skipped(jobs, tmp_path):
         r"autoteardown: WARNING: torch 1\.13\.1 is not supported \(need >=2\.0[^)]*\); process groups are left alone",
     ]
     found = sorted(warnings(result))
-    assert len(found) == 3 and all(re.fullmatch(e, f) for e, f in zip(expected, found)), result
+    assert len(found) == 3 and all(re.fullmatch(e, f) for e, f in zip(expected, found, strict=True)), result
     assert jobs.runs() == [("main", STEPS, [3])], result  # wandb, still supported, is still covered
     assert_quiet(result)
     assert_nothing_left(result)

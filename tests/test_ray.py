@@ -6,7 +6,6 @@ every actor pid a script reports is killed at the end of the test.
 
 import json
 import re
-import subprocess
 import sys
 import time
 
@@ -105,11 +104,11 @@ def test_hung_actors_stay_alive_without_the_shim(cleanup):
     assert sorted(reported(result, "ALIVE")) == sorted(pids), result
 
 
-def test_the_reaper_never_kills_a_reused_pid():
+def test_the_reaper_never_kills_a_reused_pid(jobs):
     from autoteardown.integrations.ray_driver import _kill_if_same_process
 
     before = time.time() - 1
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    stranger = jobs.popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         # Created after the terminate request: a reused pid, not the actor.
         assert _kill_if_same_process(stranger.pid, not_after=before) is False

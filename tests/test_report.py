@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, base_env, free_port
+from helpers import ROOT, base_env, free_port, python
 
 
 def test_describe_never_raises_and_falls_back_to_the_type_name():
@@ -26,8 +26,7 @@ def test_describe_never_raises_and_falls_back_to_the_type_name():
 @pytest.mark.needs_torch
 def test_report_is_not_imported_by_default():
     code = "import sys, autoteardown, torch.utils.data; print('autoteardown.report' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], env=base_env(shim=False, PYTHONPATH=str(ROOT)),
-                            capture_output=True, text=True, timeout=60)
+    result = python(code, shim=False, pythonpath=ROOT, timeout=60)
     assert result.stdout.strip() == "False", result
 
 
@@ -85,11 +84,9 @@ def test_the_report_of_a_sigterm_to_a_two_rank_torchrun_job(jobs, tmp_path, targ
     script = str(ROOT / "tests" / "scripts" / "report_torchrun.py")
     env = base_env(shim=True, AUTOTEARDOWN_DEBUG=1, AUTOTEARDOWN_REPORT=out, WANDB_DIR=tmp_path,
                    WANDB_CACHE_DIR=tmp_path / "cache", OMP_NUM_THREADS=1)
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                             "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    jobs.sessions.append(proc.pid)
+    proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
+                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready, seen, deadline = set(), [], time.monotonic() + 120
     while len(ready) < 2 and time.monotonic() < deadline:
         line = proc.stdout.readline()

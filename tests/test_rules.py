@@ -125,13 +125,10 @@ def test_a_spawn_dataloader_worker_is_not_armed(jobs):
 
 
 def test_an_overflowing_timeout_is_refused():
-    import subprocess
-
-    from helpers import base_env
+    from helpers import python
 
     code = "import autoteardown.config as c; print(c.TIMEOUT)"
-    result = subprocess.run([sys.executable, "-c", code], env=base_env(AUTOTEARDOWN_TIMEOUT="1e10"),
-                            capture_output=True, text=True, timeout=60)
+    result = python(code, env={"AUTOTEARDOWN_TIMEOUT": "1e10"}, timeout=60)
     assert result.stdout.strip() == "10.0", result
     assert result.stderr.count("AUTOTEARDOWN_TIMEOUT") == 1, result
 

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers import LOAD_MARGIN, base_env, noise, tracebacks, wait_for_line, wait_gone, wait_session_gone
+from helpers import LOAD_MARGIN, base_env, noise, python, tracebacks, wait_for_line, wait_gone, wait_session_gone
 
 TIMEOUT = 4  # AUTOTEARDOWN_TIMEOUT for these scripts
 STEPS = list(range(10))
@@ -137,9 +137,8 @@ def test_a_dash_c_script_exiting_inside_a_function(jobs, exit_call):
             "for step in range(10): run.log({'x': step})\n"
             f"def main():\n    {exit_call}\n"
             "main()\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], env=base_env(True, **jobs.env()), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    jobs.sessions.append(proc.pid)
+    proc = jobs.popen([sys.executable, "-c", code], env=base_env(True, **jobs.env()),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result = jobs.finish(proc, timeout=120)
     assert result.returncode == 3, result
     assert jobs.runs() == [("main", STEPS, [3])], result
@@ -203,8 +202,7 @@ print(first, after, ours(), hasattr(sys.exit, "__wrapped__"))
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is Python 3.12+")
 @pytest.mark.parametrize("ids", ["free", "taken"])
 def test_uninstall_and_install_use_one_monitoring_tool_id(ids):
-    result = subprocess.run([sys.executable, "-c", TOOLS, ids], env=base_env(True), capture_output=True, text=True,
-                            timeout=120)
+    result = python(TOOLS, ids, shim=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
     expected = "[4] [] [4] False" if ids == "free" else "[] [] [] True"  # taken: sys.exit is watched instead
     assert result.stdout.strip() == expected, result.stdout

@@ -7,7 +7,7 @@ import sys
 import time
 
 import psutil
-import torch
+import torch  # noqa: F401
 import wandb
 from torch.utils.data import DataLoader
 
@@ -19,7 +19,7 @@ if __name__ == "__main__":
                         multiprocessing_context="spawn" if spawn else None)
     batches = iter(loader)
     run = None if spawn else wandb.init(project="autoteardown-tests")
-    for step in range(STEPS):
+    for _ in range(STEPS):
         batch = next(batches)
         if run is not None:
             run.log({"loss": float(batch.float().mean())})

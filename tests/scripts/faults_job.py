@@ -170,7 +170,9 @@ if fault == "imported_twice":
 if fault == "disabled":
     import threading
 
-    import autoteardown
+    import autoteardown  # first, then the libraries
+
+    # isort: split
     import torch.utils.data
     import wandb  # noqa: F401
     import wrapt

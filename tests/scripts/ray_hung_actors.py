@@ -15,6 +15,7 @@ import time
 
 import psutil
 import ray
+
 from procs import running
 
 workers = sys.argv[1]

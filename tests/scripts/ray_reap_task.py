@@ -5,6 +5,7 @@ import os
 import time
 
 import ray
+
 from procs import running
 
 from autoteardown.integrations.ray_driver import _remote_kill_on

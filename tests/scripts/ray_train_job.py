@@ -46,11 +46,11 @@ def write_rank(rank):
 
 
 def train_func():
-    import __main__
-
     import ray.train
     import wandb
     from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import __main__
 
     rank = ray.train.get_context().get_world_rank()
     data = Slow() if MODE == "other-rank-raises" else list(range(1000))

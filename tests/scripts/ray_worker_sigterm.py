@@ -10,6 +10,7 @@ import sys
 import time
 
 import ray
+
 from procs import running
 
 MODE, OUT = sys.argv[1], sys.argv[2]

@@ -13,7 +13,7 @@ rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")
 batches = iter(DataLoader(list(range(10_000)), batch_size=8, num_workers=2))
 run = wandb.init(project="autoteardown-tests", name=f"rank-{rank}")
-for step in range(5):
+for _ in range(5):
     run.log({"loss": float(next(batches).float().mean())})
 # One write, so the two ranks' lines never interleave on torchrun's shared stdout.
 pids = " ".join(str(w.pid) for w in batches._workers)
