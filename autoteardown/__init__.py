@@ -3,62 +3,64 @@ is all it takes: post-import hooks patch each library when (if ever) it is impor
 and the exit engine finalizes what they recorded before the libraries' own exit hooks.
 
   importhook.py              post-import hooks: an integration is imported only with its library
-  integrations/__init__.py   the integration table (triggers, supported versions) and Patches
-  integrations/<name>.py     where a library is patched and its resources recorded
+  integrations/__init__.py   the integration table and the one gate (instrument/uninstrument)
+  integrations/<name>.py     what a library's patch wraps, how its resources are finalized
+  patches.py                 what was wrapped, put back by identity
   registry.py                the weak registry of live resources; the first record arms the engine
   engine.py                  the exit engine: when, in what order, within what deadline
-  signals.py                 SIGTERM, the one helper thread and its timers, ending a process early
+  exitstatus.py              how the process is ending: the exit status handed on
+  signals.py                 SIGTERM: its state, the handler, the unwind, ending a process early
+  threads.py                 the runner threads and the one helper thread with its timers
+  forksafe.py                the one after-fork hook, each module's reset in a stated order
   report.py, config.py,      the teardown report; the AUTOTEARDOWN_* variables;
   log.py                     stdlib logging, made on first use
   bootstrap/, cli/,          the sitecustomize that activates it; the command-line tools
   __main__.py                (`python -m autoteardown`)
 """
 
-import sys
-
 from . import config, engine, importhook, integrations, registry
+from ._version import __version__
 
-__all__ = ["install", "uninstall", "finalize", "live", "ray_runtime_env_hook"]
-__version__ = "0.1.0"
+__all__ = ["install", "uninstall", "finalize", "live", "ray_runtime_env_hook", "__version__"]
 
 
-def install():
+def install() -> None:
     """Patch each enabled integration when its library is imported (at once if it already
     is). Idempotent: a second import, a reload or a second call patches once."""
     if config.DISABLE:
         return
     registry.on_record = engine.arm  # armed at the first resource recorded
-    for name, modules in integrations.TRIGGERS.items():
-        if name in config.DISABLED_INTEGRATIONS:
-            continue
-        for module in modules:
-            importhook.register(module, f"autoteardown.integrations.{name}:patch")
+    integrations.register_kind = engine.register_kind  # the gate registers each integration's kind
+    for name, integration in integrations.TABLE.items():
+        if name not in config.DISABLED_INTEGRATIONS:
+            for module in integration.triggers:
+                importhook.register(module, "autoteardown.integrations:on_import")
 
 
-def uninstall():
+def uninstall() -> None:
     """Restore every patched original and stop watching imports."""
     importhook.clear()
-    for name in integrations.TRIGGERS:
-        module = sys.modules.get(f"autoteardown.integrations.{name}")
-        if module is not None:
-            module.unpatch()
+    for name in integrations.TABLE:
+        integrations.uninstrument(name)
     engine.disarm()
 
 
-def finalize(timeout=None):
-    """Finalize every recorded resource now (what the exit hook calls). Never raises."""
+def finalize(timeout: "float | None" = None) -> None:
+    """Finalize every recorded resource now (what the exit hook calls), within `timeout`
+    seconds (AUTOTEARDOWN_TIMEOUT by default). A KeyboardInterrupt or SystemExit that
+    interrupts the wait stops the teardown (the rest stays recorded) and is raised again."""
     engine.finalize(timeout)
 
 
-def live():
+def live() -> "dict[str, list]":
     """What is recorded now: {kind: [objects]} for the resources still alive."""
-    result = {}
+    result: "dict[str, list]" = {}
     for kind, obj in registry.live():
         result.setdefault(kind, []).append(obj)
     return result
 
 
-def ray_runtime_env_hook(runtime_env):
+def ray_runtime_env_hook(runtime_env: dict) -> dict:
     """For RAY_RUNTIME_ENV_HOOK=autoteardown.ray_runtime_env_hook: every Ray job's
     workers get autoteardown (py_modules) and install it (worker_process_setup_hook)."""
     from .integrations.ray import runtime_env_hook

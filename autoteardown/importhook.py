@@ -1,23 +1,22 @@
 """Post-import hooks: run a function right after a module is first imported, or at once
-if it already is. A cut-down copy of wrapt's, whose import would cost every Python
+if it already is, with the module (as wrapt's hooks are). A cut-down copy of wrapt's, whose import would cost every Python
 process 50-80 ms in a sitecustomize. Hooks are "package.module:function" strings, so
 an integration is imported only with its library; a hook never fails the user's import.
 """
 
-import os
+import _thread
 import sys
 import time
-import _thread
 
-from . import log
+from . import forksafe, log
 
 _lock = _thread.RLock()
-_hooks = {}          # module name -> list of "module:function" strings
-_in_progress = set()  # names being looked up through the other finders
+_hooks: dict = {}    # module name -> list of "module:function" strings
+_in_progress: set = set()  # names being looked up through the other finders
 
 
-def register(module_name, hook):
-    """Call `hook` ("pkg.mod:func", no arguments) once `module_name` is imported."""
+def register(module_name: str, hook: str) -> None:
+    """Call `hook` ("pkg.mod:func", given the module) once `module_name` is imported."""
     with _lock:
         hooks = _hooks.setdefault(module_name, [])
         if hook in hooks:
@@ -30,7 +29,7 @@ def register(module_name, hook):
         _call(hook, module)
 
 
-def clear():
+def clear() -> None:
     with _lock:
         _hooks.clear()
         if _FINDER in sys.meta_path:
@@ -42,7 +41,7 @@ def _call(hook, module):
         started = time.perf_counter()
         module_name, _, function = hook.partition(":")
         __import__(module_name)
-        getattr(sys.modules[module_name], function)()
+        getattr(sys.modules[module_name], function)(module)
         log.debug("%s imported: %s took %.1f ms", module.__name__, hook, (time.perf_counter() - started) * 1e3)
     except Exception as exc:
         log.warning("could not apply %s when %s was imported: %s: %s%s", hook, module.__name__, type(exc).__name__,
@@ -95,9 +94,9 @@ class _Loader:
 _FINDER = _Finder()
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _lock
     _lock = _thread.RLock()  # another thread may have held it at the fork (an import)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forksafe.register(__name__, _after_fork_in_child)

@@ -1,6 +1,10 @@
 """stdlib logging, made on first use (`import logging` costs milliseconds). Debug calls
 return at once unless AUTOTEARDOWN_DEBUG=1, which also puts the pid (and rank) on
 every line, for ranks and workers sharing one stderr.
+
+Records of the "autoteardown" logger propagate: a program that configured logging (a
+handler on the root logger) gets them through its own handlers and format. One that
+configured nothing gets them from ours, one line each on stderr ("autoteardown: ...").
 """
 
 import os
@@ -8,19 +12,19 @@ import sys
 
 _debug = False
 _logger = None
-_warned = set()
+_warned: "set[str]" = set()
 # Warnings printed in this process tree: children inherit it and do not repeat them.
 TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
 
-def set_debug(enabled):
+def set_debug(enabled: bool) -> None:
     global _debug
     _debug = bool(enabled)
     if _logger is not None:
         _logger.setLevel("DEBUG" if _debug else "WARNING")
 
 
-def is_debug():
+def is_debug() -> bool:
     return _debug
 
 
@@ -35,30 +39,34 @@ def get_logger():
                 where = (f"[pid {os.getpid()}" + (f" rank {rank}" if rank else "") + "] ") if _debug else ""
                 return f"autoteardown: {where}{record.levelname}: {super().format(record)}"
 
+        class Fallback(logging.StreamHandler):
+            def emit(self, record):
+                if not logging.getLogger().handlers:  # else the user's handlers get it (propagation)
+                    super().emit(record)
+
         logger = logging.getLogger("autoteardown")
         if not logger.handlers:
-            handler = logging.StreamHandler(sys.stderr)
+            handler = Fallback(sys.stderr)
             handler.setFormatter(Formatter())
             logger.addHandler(handler)
-            logger.propagate = False
         logger.setLevel("DEBUG" if _debug else "WARNING")
         _logger = logger
     return _logger
 
 
-def debug(msg, *args):
+def debug(msg: str, *args: object) -> None:
     if _debug:
         get_logger().debug(msg, *args)
 
 
-def warning(msg, *args):
+def warning(msg: str, *args: object) -> None:
     try:
         get_logger().warning(msg, *args)
     except Exception:
         pass
 
 
-def warning_once(msg, *args, tree=False):
+def warning_once(msg: str, *args: object, tree: bool = False) -> None:
     """Warn once per formatted message; tree=True: once per process tree."""
     try:
         text = msg % args if args else msg
@@ -81,7 +89,7 @@ def warning_once(msg, *args, tree=False):
     warning("%s", text)
 
 
-def debug_exception(msg, *args, exc_info=True):
+def debug_exception(msg: str, *args: object, exc_info: object = True) -> None:
     """A bug in the shim or a failing finalizer: its traceback only with AUTOTEARDOWN_DEBUG=1."""
     if _debug:
         get_logger().debug(msg, *args, exc_info=exc_info)

@@ -1,19 +1,24 @@
 """The weak registry of what is alive now, by kind. Weak references only, per process (a
-fork child starts empty, engine.py); the first record arms the engine (`on_record`).
+fork child starts empty: the engine's fork hook takes what it held); the first record arms the engine (`on_record`).
 Readers take no lock (a dict copy is atomic under the GIL): the signal handler reads.
 """
 
-import os
 import _thread
 from _weakref import ref  # the C module: `weakref` would cost more than the rest of us
 
+from . import forksafe
+
+TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 _lock = _thread.RLock()
-_entries = {}      # id(obj) -> (kind, weakref to obj)
+_entries: dict = {}  # id(obj) -> (kind, weakref to obj)
 _prune_at = 64     # dead entries are swept when the table reaches this size
-on_record = None   # engine.arm, until this process is armed (set again in a fork child)
+on_record: "Callable[[], None] | None" = None   # engine.arm, until this process is armed (set again in a fork child)
 
 
-def record(kind, obj):
+def record(kind: str, obj: object) -> None:
     global _prune_at
     weak = ref(obj)
     with _lock:
@@ -26,14 +31,14 @@ def record(kind, obj):
         on_record()
 
 
-def forget(obj):
+def forget(obj: object) -> None:
     with _lock:
         entry = _entries.get(id(obj))
         if entry is not None and entry[1]() is obj:
             del _entries[id(obj)]
 
 
-def live(kind=None):
+def live(kind: str | None = None) -> list:
     """(kind, object) for every recorded object still alive, or the objects of `kind`; oldest first."""
     objs = [(entry_kind, weak()) for entry_kind, weak in list(_entries.values())]
     if kind is None:
@@ -41,7 +46,7 @@ def live(kind=None):
     return [obj for k, obj in objs if obj is not None and k == kind]
 
 
-def take_all():
+def take_all() -> list:
     """Empty the registry and return what was alive in it (used in a fork child)."""
     with _lock:
         entries = list(_entries.values())
@@ -49,15 +54,15 @@ def take_all():
     return [(kind, weak()) for kind, weak in entries if weak() is not None]
 
 
-def size():
+def size() -> int:
     """Entries held, dead ones included (for the memory benchmark)."""
     with _lock:
         return len(_entries)
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _lock
     _lock = _thread.RLock()  # another thread may have held it at the fork
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+forksafe.register(__name__, _after_fork_in_child)

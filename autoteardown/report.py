@@ -9,8 +9,8 @@ import os
 import sys
 import time
 
-from . import config, log
-from .integrations import TABLE
+from . import config, integrations, log
+from ._version import __version__
 
 _header = None     # this process's header (dict), once armed
 _teardown = None   # the teardown under way
@@ -22,11 +22,15 @@ _AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)",
 def header(activation=None):
     global _header
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    _header = {"version": getattr(sys.modules.get("autoteardown"), "__version__", None),
+    _header = {"version": __version__,
                "python": sys.version.split()[0], "pid": os.getpid(),
                "rank": int(rank) if rank and rank.isdigit() else rank,
                "activation": activation or config.ACTIVATION, "config": config.summary(),
                "argv": list(getattr(sys, "argv", []))[:4]}
+    missing = integrations.not_patched()
+    if missing:  # a target renamed in another release: that part of the integration does nothing
+        _header["not_patched"] = missing
+        log.debug("not patched: %s", "; ".join(missing))
     settings = ", ".join(f"{k.removeprefix('AUTOTEARDOWN_').lower()}={v}" for k, v in _header["config"].items()
                          if k not in ("AUTOTEARDOWN_DEBUG", "AUTOTEARDOWN_DISABLE"))
     log.debug("armed: autoteardown %s on Python %s, activated by %s; %s", _header["version"], _header["python"],
@@ -77,7 +81,7 @@ def describe(kind, obj):
     if obj is None:
         return _AFTER_ALL.get(kind, "(for all)")
     try:
-        name = next(n for n, row in TABLE.items() if row[0] == kind)
+        name = next(n for n, row in integrations.TABLE.items() if row.kind == kind)
         name = __import__(f"autoteardown.integrations.{name}", fromlist=["describe"]).describe(obj)
     except Exception:
         name = None

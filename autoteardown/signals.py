@@ -1,154 +1,238 @@
-"""SIGTERM, the one helper thread, and the one way to end a process early. The rules:
+"""SIGTERM: its state, the handler, the unwind, and the one way to end a process early.
 
 1. The handler takes no lock and cannot block: it records the signal, wakes the helper
-   and may raise. It is installed only over the default, in the main thread; called by
-   a handler that replaced it, it returns at once: that one decides.
+   thread (threads.py) and may raise. It is installed only over the default, in the main
+   thread; called by a handler that replaced it, it returns at once: that one decides.
 2. It unwinds the main thread once with `Stop`, SystemExit(128 + signum), so `finally`
    blocks run and locks are released; the exit hook (engine.py) tears down and the
    process dies of the signal, its status without the shim.
 3. The unwind is raised where it cannot be lost: at the end of a `critical` section
    (multiprocessing's fd handoff with a DataLoader worker); again after a finalizer
    that swallowed it; never once the exit has begun. A resource's own `__exit__` leaves
-   it to the teardown (engine.is_stop).
+   it to the teardown (`is_stop`).
 4. The helper bounds what cannot be unwound: no unwind within WAIT_FOR_MAIN_THREAD (C
-   code), or no teardown at half the deadline (swallowed): it tears down and ends the
-   process. TIMEOUT + 1 s after the signal the process ends whatever still runs.
+   code), or no teardown at half the deadline (swallowed): the engine takes over (its
+   `take_over` callback) and ends the process. TIMEOUT + 1 s after the signal the
+   process ends whatever still runs.
 5. `end_process` alone ends a process early, after the multiprocessing children it
    started (a ProcessPoolExecutor's workers).
-6. One helper thread per process keeps every timer (`alarm`) and runs what a handler
-   hands it (`soon`: Ray's chained handler, ray_worker.py); it is joined before its
-   pipe is closed. A fork child has the default SIGTERM, no helper and no timers.
 
-Imported by engine.arm(), not at `import autoteardown`: `signal` costs more than the rest.
+The engine hands in its callbacks (`install`); this module imports no part of it.
+Imported when a process is armed, not at `import autoteardown`: `signal` costs more
+than the rest.
 """
 
-import collections
 import os
-import select
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
-from . import config, log
+from . import config, forksafe, threads
 
 WAIT_FOR_MAIN_THREAD = 1.0
 CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
-_engine = None
-_pid = None           # the process whose helper thread runs
-_installed = None     # our handler is SIGTERM's (main thread only); None: not decided yet
-_pipe = None          # (read_fd, write_fd) waking the helper; also the wakeup fd if that was free
-_own_wakeup = False
-_helper = None        # the helper thread
-_alarms = []          # [when (monotonic), action]; the signal handler never touches it
-_soon = collections.deque()  # actions a signal handler handed to the helper (soon())
-_lock = threading.Lock()
-_main = threading.main_thread().ident
-_hold = 0             # critical sections the main thread is in
-_pending = False      # an unwind waits for the critical section to end
-_raised = False       # our Stop was raised in the main thread
 
 
 class Stop(SystemExit):
     """The unwind raised by our SIGTERM handler: SystemExit(128 + signum)."""
 
 
-def install(engine):
+class _State:
+    """This process's SIGTERM state; a fork child starts with a new one."""
+
+    def __init__(self) -> None:
+        self.received: tuple[int, float] | None = None  # (signum, monotonic time) of the first SIGTERM taken
+        self.exiting = False    # threading's exit callbacks have begun (engine.py)
+        self.installed: bool | None = None  # our handler is SIGTERM's (main thread only); None: not decided
+        self.own_wakeup = False  # the helper's pipe is the signal wakeup fd
+        self.main = threading.main_thread().ident
+        self.hold = 0           # critical sections the main thread is in
+        self.pending = False    # an unwind waits for the critical section to end
+        self.raised = False     # our Stop was raised in the main thread
+        self.watched = False    # the deadlines of rule 4 are set
+        self.on_signal: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
+        self.take_over: Callable[[int, float, str], None] | None = None  # the engine's rule 4
+
+
+_state = _State()
+
+
+def install(on_signal: Callable[[int], None], take_over: Callable[[int, float, str], None]) -> bool:
     """Route SIGTERM to us if its handler is the default (main thread only; False
-    elsewhere: arm() asks again later) and start the helper thread."""
-    global _engine, _installed, _own_wakeup
-    _engine = engine
-    _start_helper()
-    if threading.get_ident() != _main:
+    elsewhere: the engine asks again later) and start the helper thread."""
+    _state.on_signal, _state.take_over = on_signal, take_over
+    threads.on_wakeup = _on_wakeup
+    threads.start_helper()
+    if threading.get_ident() != _state.main:
         return False
-    if _installed is None:
-        _installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-        if not _installed:
+    if _state.installed is None:
+        _state.installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        if not _state.installed:
+            from . import log
+
             log.debug("SIGTERM already has a handler; leaving it alone")
             return True
         try:
             signal.signal(signal.SIGTERM, _handler)
-            previous = signal.set_wakeup_fd(_pipe[1], warn_on_full_buffer=False)
-            _own_wakeup = previous == -1
-            if not _own_wakeup:  # someone else's (asyncio): keep it theirs
+            previous = signal.set_wakeup_fd(threads.wakeup_fd(), warn_on_full_buffer=False)
+            _state.own_wakeup = previous == -1
+            if not _state.own_wakeup:  # someone else's (asyncio): keep it theirs
                 signal.set_wakeup_fd(previous)
         except (ValueError, OSError):  # a subinterpreter
-            _installed = False
+            _state.installed = False
     return True
 
 
-def uninstall():
-    global _installed
-    if _installed and signal.getsignal(signal.SIGTERM) is _handler:
+def uninstall() -> None:
+    if _state.installed and signal.getsignal(signal.SIGTERM) is _handler:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except ValueError:
             pass
-    _installed = None
-    _stop_helper(join=True)
+    _drop_wakeup_fd()
+    _state.installed, _state.watched = None, False
+    threads.stop_helper(join=True)
 
 
-def reset_in_child():
-    """A fork child: the default SIGTERM, no helper, no timers, none of the parent's pipe."""
-    global _installed, _lock, _main, _hold, _pending, _raised
+def received() -> tuple[int, float] | None:
+    """(signum, monotonic time) of the SIGTERM this process is ending from, or None."""
+    return _state.received
+
+
+def record(signum: int, at: float | None = None) -> None:
+    """Take `signum` as the signal the process ends from, unless one was taken already."""
+    if _state.received is None:
+        _state.received = (signum, time.monotonic() if at is None else at)
+
+
+def begin_exit() -> None:
+    """The interpreter's exit has begun: no unwind is raised from now on."""
+    _state.exiting = True
+
+
+def exiting() -> bool:
+    return _state.exiting
+
+
+def is_stop(exc: object) -> bool:
+    """Is `exc` our SIGTERM unwind? A resource's own `__exit__` leaves it to the teardown."""
+    return isinstance(exc, Stop)
+
+
+def _drop_wakeup_fd() -> None:
+    if _state.own_wakeup:
+        try:
+            signal.set_wakeup_fd(-1)
+        except ValueError:
+            pass
+    _state.own_wakeup = False
+
+
+def _after_fork_in_child() -> None:
+    """A fork child: the default SIGTERM, none of the parent's pipe (threads.py stops its helper)."""
+    global _state
     if signal.getsignal(signal.SIGTERM) is _handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _installed, _lock, _main = None, threading.Lock(), threading.get_ident()
-    _hold, _pending, _raised = 0, False, False
-    _alarms.clear()
-    _soon.clear()
-    _stop_helper(join=False)
+    _drop_wakeup_fd()
+    _state = _State()
+    _state.main = threading.get_ident()
+
+
+forksafe.register(__name__, _after_fork_in_child)
 
 
 # ---- the handler and the unwind ------------------------------------------------
 
-def _handler(signum, frame):
-    global _pending
+def _handler(signum: int, frame: object) -> None:
     if signal.getsignal(signum) is not _handler:
         return  # called by the handler that replaced ours: it decides
-    _engine.on_signal(signum)
-    _wake()
-    if not _raised and not _engine._exiting:
-        if _hold:
-            _pending = True  # raised when the critical section ends
+    record(signum)
+    if _state.on_signal is not None:
+        _state.on_signal(signum)
+    threads.wake()
+    if not _state.raised and not _state.exiting:
+        if _state.hold:
+            _state.pending = True  # raised when the critical section ends
         else:
             _raise(signum)
 
 
-def _raise(signum):
-    global _raised, _pending
-    _raised, _pending = True, False
+def _raise(signum: int) -> None:
+    _state.raised, _state.pending = True, False
     raise Stop(128 + signum)
 
 
 def critical(wrapped, instance, args, kwargs):
     """A wrapt wrapper: the main thread is not unwound inside `wrapped`; a SIGTERM that
     comes meanwhile unwinds it as soon as `wrapped` returns or raises."""
-    global _hold
-    if threading.get_ident() != _main:
+    if threading.get_ident() != _state.main:
         return wrapped(*args, **kwargs)
-    _hold += 1
+    _state.hold += 1
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _hold -= 1
-        if _pending and not _hold:
-            _raise(_engine.exit_signal() or signal.SIGTERM)
+        _state.hold -= 1
+        if _state.pending and not _state.hold:
+            _raise((_state.received or (signal.SIGTERM,))[0])
+
+
+def exit_unless_stopped(wrapped, instance, args, kwargs):
+    """A wrapt wrapper of a run's `__exit__`: in our unwind the teardown ends the run, with the
+    signal's status (rule 3), not the run's own `__exit__` with the unwind as its error."""
+    if is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
+        return False
+    return wrapped(*args, **kwargs)
 
 
 def on_unraisable(wrapped, instance, args, kwargs):
     """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is not
     printed; the helper sends SIGTERM again once the main thread has left this hook."""
     unraisable = args[0] if args else kwargs.get("unraisable")
-    if isinstance(getattr(unraisable, "exc_value", None), Stop) and _installed:
-        soon(_resend_signal)
+    if isinstance(getattr(unraisable, "exc_value", None), Stop) and _state.installed:
+        threads.soon(_resend_signal)
         return None
     return wrapped(*args, **kwargs)
 
 
+def _resend_signal() -> None:
+    """Send the swallowed SIGTERM again once the main thread has left the unraisable
+    hook (the handler would raise into it): polled every millisecond."""
+    if main_thread_in(on_unraisable.__code__):
+        threads.alarm(time.monotonic() + 0.001, _resend_signal)
+        return
+    _state.raised = False
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main_thread_in(code) -> bool:
+    """Is the main thread running this code object now (somewhere in its stack)?"""
+    frame = sys._current_frames().get(_state.main or 0)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
+def _on_wakeup(data: bytes) -> None:
+    """In the helper, after each wake: set the deadlines of rule 4 once a SIGTERM is taken
+    (the wakeup fd carries every Python-handled signal's number; our handler's wake, a zero byte)."""
+    if _state.watched or _state.take_over is None:
+        return
+    if _state.received is None and not (
+            signal.SIGTERM in data and _state.own_wakeup and signal.getsignal(signal.SIGTERM) is _handler):
+        return
+    _state.watched = True
+    signum, at = _state.received or (signal.SIGTERM, time.monotonic())
+    take_over = _state.take_over
+    threads.alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _state.raised or take_over(signum, at, "no unwind"))
+    threads.alarm(at + config.TIMEOUT / 2, lambda: take_over(signum, at, "not torn down at half the deadline"))
+    threads.alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
+
+
 # ---- ending a process ----------------------------------------------------------
 
-def end_process(signum=None, code=0):
+def end_process(signum: int | None = None, code: int = 0) -> None:
     """End this process now: SIGTERM the multiprocessing children it started (a pool's
     workers, orphaned without the shim), SIGKILL them after CHILDREN_GRACE, then die of
     `signum` as its default action would, or exit with `code`."""
@@ -185,125 +269,3 @@ def end_process(signum=None, code=0):
         time.sleep(1)
         code = 128 + signum
     os._exit(code)
-
-
-# ---- the helper thread ------------------------------------------------------------
-
-def alarm(when, action):
-    """Call action() (which must not block) in the helper thread at monotonic time `when`;
-    a token for cancel()."""
-    token = [when, action]
-    with _lock:
-        _alarms.append(token)
-    _start_helper()
-    _wake()
-    return token
-
-
-def soon(action):
-    """From a signal handler (no lock, no blocking): call action() in the helper thread
-    at once. False where this process has no helper."""
-    if _pipe is None or _pid != os.getpid():
-        return False
-    _soon.append(action)
-    _wake()
-    return True
-
-
-def cancel(token):
-    with _lock:
-        if token in _alarms:
-            _alarms.remove(token)
-
-
-def _start_helper():
-    global _pid, _pipe, _helper
-    with _lock:
-        if _pid == os.getpid():
-            return
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        _pid, _pipe = os.getpid(), (read_fd, write_fd)
-        _helper = threading.Thread(target=_serve, args=(read_fd,), name="autoteardown-helper", daemon=True)
-        _helper.start()
-
-
-def _stop_helper(join):
-    global _pid, _pipe, _helper, _own_wakeup
-    pipe, helper = _pipe, _helper
-    _pid = _pipe = _helper = None
-    if _own_wakeup:
-        try:
-            signal.set_wakeup_fd(-1)
-        except ValueError:
-            pass
-    _own_wakeup = False
-    if pipe is None:
-        return
-    if join and helper is not None and helper is not threading.current_thread():
-        os.write(pipe[1], b"\0")  # it sees _pipe is no longer its own and returns
-        helper.join(1.0)
-    for fd in pipe:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-
-
-def _wake():
-    pipe = _pipe
-    if pipe is not None:
-        try:
-            os.write(pipe[1], b"\0")
-        except OSError:
-            pass
-
-
-def _serve(read_fd):
-    watched = False  # the SIGTERM under way has its deadlines
-    while True:
-        now = time.monotonic()
-        with _lock:
-            due = [a for a in _alarms if a[0] <= now]
-            for a in due:
-                _alarms.remove(a)
-            waits = [a[0] - now for a in _alarms]
-        due += [(None, _soon.popleft()) for _ in range(len(_soon))]
-        for _, action in due:
-            try:
-                action()
-            except Exception:
-                log.debug_exception("alarm failed")
-        try:
-            ready, _, _ = select.select([read_fd], [], [], max(0.0, min(waits)) if waits else None)
-            data = os.read(read_fd, 512) if ready else b""
-        except (OSError, ValueError):
-            return
-        if _pipe is None or _pipe[0] != read_fd or _pid != os.getpid():
-            return  # stopped (uninstall), or a fork child's copy of the parent's fd
-        # The wakeup fd carries every Python-handled signal's number; ours, a zero byte.
-        if not watched and (_engine is not None and _engine.exit_signal() is not None or (
-                signal.SIGTERM in data and _own_wakeup and signal.getsignal(signal.SIGTERM) is _handler)):
-            watched = True  # the deadlines of rule 4, counted from when the signal came
-            signum, at = _engine._signal or (signal.SIGTERM, now)
-            alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _raised or _engine.take_over(signum, at, "no unwind"))
-            alarm(at + config.TIMEOUT / 2, lambda: _engine.take_over(signum, at, "not torn down at half the deadline"))
-            alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
-
-
-def _resend_signal():
-    """Send the swallowed SIGTERM again once the main thread has left the unraisable
-    hook (the handler would raise into it): polled every millisecond."""
-    global _raised
-    if main_thread_in(on_unraisable.__code__):
-        return alarm(time.monotonic() + 0.001, _resend_signal)
-    _raised = False
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def main_thread_in(code):
-    """Is the main thread running this code object now (somewhere in its stack)?"""
-    frame = sys._current_frames().get(_main)
-    while frame is not None and frame.f_code is not code:
-        frame = frame.f_back
-    return frame is not None

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import helpers  # noqa: E402
 from helpers import base_env, free_port  # noqa: E402
 
 RUNS = 11
@@ -31,8 +32,8 @@ import mlflow
 if sys.argv[1] == "wrapt-imported":
     import wrapt
 started = time.perf_counter()
-from autoteardown.integrations import mlflow as integration
-integration.patch()
+from autoteardown import integrations
+integrations.instrument("mlflow")
 print("MS", (time.perf_counter() - started) * 1e3)
 """
 
@@ -62,8 +63,7 @@ print("END", time.monotonic(), flush=True)
 
 
 def python(code, *args, shim=True, timeout=300, **env):
-    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)],
-                          env=base_env(shim, **ENV, **env), capture_output=True, text=True, timeout=timeout,
+    proc = helpers.python(code, *args, shim=shim, env={**ENV, **env}, timeout=timeout,
                           cwd=tempfile.gettempdir())  # not here: an older mlflow makes ./mlruns
     if proc.returncode != 0 and "END" not in proc.stdout:
         raise RuntimeError(proc.stderr[-2000:])
@@ -99,8 +99,9 @@ def server_gone_exit(folder, shim):
          "--backend-store-uri", f"sqlite:///{folder}/server.db", "--default-artifact-root", f"{folder}/a"],
         env=base_env(False, **ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    import psutil
     import urllib.request
+
+    import psutil
 
     try:
         for _ in range(450):

@@ -1,10 +1,10 @@
 """The patch contract of every integration (as ddtrace's PatchTestCase), generated from
-integrations.TRIGGERS so that a new integration is covered the day it is declared.
+integrations.TABLE so that a new integration is covered the day it is declared.
 
 Each case runs in a fresh interpreter: the library imported before or after autoteardown,
-then patch() twice, unpatch(), patch() again, autoteardown reloaded and installed again,
-autoteardown.uninstall(). After each step every attribute the integration wrapped is
-wrapped exactly once (never a wrapper of our wrapper), and after unpatch()/uninstall()
+then the gate's instrument() twice, uninstrument(), instrument() again, autoteardown reloaded
+and installed again, autoteardown.uninstall(). After each step every attribute the integration
+wrapped is wrapped exactly once (never a wrapper of our wrapper), and after uninstrument()/uninstall()
 every one of them is the very original object again. What was wrapped is found by
 scanning the library's modules and classes for wrappers whose wrapper function lives in
 the integration's module, so nothing it wraps can escape the check.
@@ -19,7 +19,7 @@ import pytest
 
 from helpers import ROOT, base_env
 
-from autoteardown.integrations import TRIGGERS
+from autoteardown.integrations import TABLE
 
 # What each integration must at least wrap (the scan finds everything; this checks the scan).
 EXPECTED = {
@@ -69,8 +69,9 @@ def is_ours(value):
         return False
     wrapper = getattr(value, "_self_wrapper", None)
     module = getattr(wrapper, "__module__", None) or ""
-    # ray_driver.py etc. count as ray's; a wrapper shared by integrations lives in the package.
-    return module in (OURS, "autoteardown.integrations") or module.startswith(OURS + "_")
+    # ray_driver.py etc. count as ray's; a wrapper shared by integrations lives in the package
+    # or, for a run's __exit__ in our unwind, in signals.py.
+    return module in (OURS, "autoteardown.integrations", "autoteardown.signals") or module.startswith(OURS + "_")
 
 
 def scan():
@@ -123,17 +124,18 @@ import autoteardown
 if ORDER == "after":
     assert OURS not in sys.modules, "the integration was imported before its library"
     imports()
-integration = sys.modules[OURS]
+from autoteardown import integrations
+assert OURS in sys.modules
 
 first = wrapped_once()
 assert first, "nothing wrapped"
-integration.patch()
-integration.patch()
-assert same(wrapped_once(), first), "patch() twice changed what is wrapped"
-integration.unpatch()
-restored(first, "unpatch()")
-integration.patch()
-assert same(wrapped_once(), first), "patch() after unpatch() differs"
+integrations.instrument(NAME)
+integrations.instrument(NAME)
+assert same(wrapped_once(), first), "instrument() twice changed what is wrapped"
+integrations.uninstrument(NAME)
+restored(first, "uninstrument()")
+integrations.instrument(NAME)
+assert same(wrapped_once(), first), "instrument() after uninstrument() differs"
 importlib.reload(autoteardown)
 autoteardown.install()
 assert same(wrapped_once(), first), "reload and install() changed what is wrapped"
@@ -146,12 +148,12 @@ print("IMPORTED:", json.dumps(MODULES))
 
 def modules_of(name):
     """The integration's trigger modules whose top-level package is installed."""
-    return [m for m in TRIGGERS[name] if importlib.util.find_spec(m.split(".")[0]) is not None]
+    return [m for m in TABLE[name].triggers if importlib.util.find_spec(m.split(".")[0]) is not None]
 
 
 def cases():
     return [pytest.param(name, order, id=f"{name}-imported-{order}")
-            for name in TRIGGERS for order in ("before", "after")]
+            for name in TABLE for order in ("before", "after")]
 
 
 @pytest.mark.parametrize("name, order", cases())
@@ -160,7 +162,7 @@ def test_patch_contract(name, order):
         pytest.skip(f"autoteardown.integrations.{name} does not exist yet")
     modules = modules_of(name)
     if not modules:
-        pytest.skip(f"none of {TRIGGERS[name]} is installed")
+        pytest.skip(f"none of {TABLE[name].triggers} is installed")
     result = subprocess.run([sys.executable, "-c", CONTRACT, name, order, json.dumps(modules)],
                             env=base_env(False, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr

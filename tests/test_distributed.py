@@ -13,8 +13,7 @@ import time
 
 import pytest
 
-from helpers import LOAD_MARGIN, ROOT, SCRIPTS, base_env, free_port, noise, reported, wait_gone
-
+from helpers import LOAD_MARGIN, ROOT, SCRIPTS, base_env, free_port, noise, python, reported, wait_gone
 
 pytestmark = pytest.mark.needs_torch
 
@@ -84,13 +83,11 @@ def test_ranks_ending_apart_for_different_reasons(jobs, shim):
 
 def test_through_torchrun(jobs):
     began = time.monotonic()
-    proc = subprocess.Popen(
+    proc = jobs.popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
          "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
          str(SCRIPTS / "distributed_job.py"), "subgroup"],
-        env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True)
-    jobs.sessions.append(proc.pid)
+        env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     result = jobs.finish(proc, timeout=TIMEOUT + 60, started=began)
     assert result.returncode == 0, result  # torchrun's status is 0 only if every rank's is
     assert at_exit(result) == {0: False, 1: False}, result
@@ -122,14 +119,15 @@ import torch, torch.distributed as dist
 from torch.distributed import distributed_c10d, device_mesh
 from autoteardown.integrations import distributed as integration
 from autoteardown.integrations import unsupported_reason
-originals = {name: original for _, name, original, _ in integration._patches._patched}
+from autoteardown import integrations
+originals = {name: original for _, name, original, _ in integrations._patches["distributed"]._patched}
 assert sorted(originals) == ["init_process_group", "new_group"]
 for module in (dist, distributed_c10d, device_mesh):
     for name, original in originals.items():
         assert getattr(module, name).__wrapped__ is original, (module, name)
-integration.patch()
+integrations.instrument("distributed")
 assert dist.init_process_group.__wrapped__ is originals["init_process_group"]  # wrapped once
-assert integration.get_version() == torch.__version__ and unsupported_reason(integration.NAME) is None
+assert integrations.get_version("distributed") == torch.__version__ and unsupported_reason("distributed") is None
 
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 subgroup = dist.new_group([0])
@@ -137,7 +135,7 @@ assert autoteardown.live() == {"process_group": [dist.group.WORLD, subgroup]}
 autoteardown.finalize()
 assert not dist.is_initialized() and autoteardown.live() == {}
 
-integration.unpatch()
+integrations.uninstrument("distributed")
 for module in (dist, distributed_c10d, device_mesh):
     for name, original in originals.items():
         assert getattr(module, name) is original, (module, name)
@@ -158,8 +156,6 @@ print("OK")
 
 @pytest.mark.parametrize("code, shim", [(CONTRACT, True), (EARLY, False)], ids=["contract", "early"])
 def test_contract_and_laziness(code, shim):
-    env = base_env(shim) if shim else base_env(False, PYTHONPATH=ROOT)
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = python(code, shim=shim, pythonpath=None if shim else ROOT, timeout=60)
     assert result.returncode == 0 and result.stdout == "OK\n", result.stderr
     assert result.stderr == ""

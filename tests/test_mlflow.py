@@ -15,8 +15,20 @@ import urllib.request
 import psutil
 import pytest
 
-from helpers import (LOAD_MARGIN, base_env, free_port, in_session, kill_pids, noise, reported, tracebacks,
-                     wait_for_line, wait_gone)
+from helpers import (
+    LOAD_MARGIN,
+    Jobs,
+    base_env,
+    free_port,
+    in_session,
+    kill_pids,
+    noise,
+    python,
+    reported,
+    tracebacks,
+    wait_for_line,
+    wait_gone,
+)
 
 pytest.importorskip("mlflow")
 # The read-back MlflowClient in this process: sqlalchemy deprecation noise from mlflow's store.
@@ -75,20 +87,21 @@ def sqlite_store(folder):
 # ---- the tracking server -----------------------------------------------------
 
 class Server:
-    """`mlflow server` on a free port, in a session of its own; stop() kills it and its workers."""
+    """`mlflow server` on a free port, in a session of its own (jobs.popen); stop() kills it and
+    its workers, and the jobs' cleanup whatever is left of its session."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, jobs):
         self.db = folder / "mlruns.db"
         sqlite_store(folder)
         port = free_port()
         self.uri = f"http://127.0.0.1:{port}"
         self.log = open(folder / "server.log", "w")
-        self.proc = subprocess.Popen(
+        self.proc = jobs.popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.db}",
              "--default-artifact-root", str(folder / "artifacts")],
-            env=base_env(shim=False, **ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"), stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            env=base_env(shim=False, **ENV, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"), stdout=self.log,
+            stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -128,14 +141,18 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    server = Server(tmp_path_factory.mktemp("mlflow-server"))
-    yield server
-    server.stop()
+    jobs = Jobs()  # the module's: the `jobs` fixture is one test's
+    try:
+        server = Server(tmp_path_factory.mktemp("mlflow-server"), jobs)
+        yield server
+        server.stop()
+    finally:
+        jobs.cleanup()
 
 
 @pytest.fixture
-def doomed_server(tmp_path):
-    server = Server(tmp_path)
+def doomed_server(tmp_path, jobs):
+    server = Server(tmp_path, jobs)
     yield server
     server.stop()
 
@@ -322,11 +339,12 @@ import mlflow
 from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES
 from autoteardown.integrations import mlflow as integration
 from autoteardown.integrations import unsupported_reason
+from autoteardown import integrations
 original = mlflow.start_run.__wrapped__
-integration.patch()
+integrations.instrument("mlflow")
 assert mlflow.start_run.__wrapped__ is original  # wrapped once
 assert mlflow.tracking.fluent.start_run is mlflow.start_run
-assert integration.get_version() == mlflow.__version__ and unsupported_reason(integration.NAME) is None
+assert integrations.get_version("mlflow") == mlflow.__version__ and unsupported_reason("mlflow") is None
 
 mlflow.set_tracking_uri(sys.argv[1])
 run = mlflow.start_run()
@@ -348,7 +366,7 @@ thread = threading.Thread(target=lambda: seen.append(MLFLOW_HTTP_REQUEST_MAX_RET
 thread.start(); thread.join()
 assert seen == [4] and mlflow.active_run() is None
 
-integration.unpatch()
+integrations.uninstrument("mlflow")
 assert mlflow.start_run is original and mlflow.tracking.fluent.start_run is original
 assert "get" not in vars(MLFLOW_HTTP_REQUEST_MAX_RETRIES)
 mlflow.set_tracking_uri(sys.argv[1])
@@ -362,9 +380,7 @@ print("OK")
 def test_contract_and_laziness(tmp_path):
     uri = sqlite_store(tmp_path)
     gone = f"http://127.0.0.1:{free_port()}"
-    env = base_env(**ENV)
-    result = subprocess.run([sys.executable, "-c", CONTRACT, uri, gone], env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = python(CONTRACT, uri, gone, env=ENV, timeout=120)
     assert result.returncode == 0 and result.stdout.endswith("OK\n"), result.stderr
     warnings = [line for line in result.stderr.splitlines() if "autoteardown" in line]
     assert len(warnings) == 1 and "left RUNNING" in warnings[0], result.stderr

@@ -1,8 +1,6 @@
 """SummaryWriters never closed by the script: flushed and closed at exit."""
 
 import importlib.util
-import subprocess
-import sys
 
 import pytest
 
@@ -11,7 +9,7 @@ pytest.importorskip("tensorboard")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from helpers import base_env, noise, run, tracebacks  # noqa: E402
+from helpers import noise, python, run, tracebacks  # noqa: E402
 
 BACKENDS = ["torch", pytest.param("tensorboardX", marks=pytest.mark.skipif(
     importlib.util.find_spec("tensorboardX") is None, reason="tensorboardX is not installed"))]
@@ -74,22 +72,23 @@ assert not [m for m in sys.modules if m.startswith(("tensorboard", "torch.utils.
 
 import tensorboard
 from torch.utils.tensorboard import SummaryWriter
-from autoteardown.integrations import tensorboard as integration
+from autoteardown import integrations
 from autoteardown.integrations import unsupported_reason
 import wrapt
+assert "autoteardown.integrations.tensorboard" in sys.modules  # imported with its library
 original = SummaryWriter.__init__.__wrapped__
 assert not isinstance(original, wrapt.FunctionWrapper)
-integration.patch()
+integrations.instrument("tensorboard")
 assert SummaryWriter.__init__.__wrapped__ is original  # wrapped once
-assert integration.get_version() == tensorboard.__version__
-assert unsupported_reason(integration.NAME) is None
+assert integrations.get_version("tensorboard") == tensorboard.__version__
+assert unsupported_reason("tensorboard") is None
 
 writer = SummaryWriter(log_dir=sys.argv[1])
 assert autoteardown.live() == {"tensorboard": [writer]}
 autoteardown.finalize()
 assert writer.all_writers is None and autoteardown.live() == {}
 
-integration.unpatch()
+integrations.uninstrument("tensorboard")
 assert SummaryWriter.__init__ is original
 SummaryWriter(log_dir=sys.argv[1])
 assert autoteardown.live() == {}
@@ -98,7 +97,6 @@ print("OK")
 
 
 def test_contract_and_laziness(tmp_path):
-    result = subprocess.run([sys.executable, "-c", CONTRACT, str(tmp_path)], env=base_env(),
-                            capture_output=True, text=True, timeout=60)
+    result = python(CONTRACT, tmp_path, timeout=60)
     assert result.returncode == 0 and result.stdout == "OK\n", result.stderr
     assert result.stderr == ""

@@ -1,16 +1,14 @@
 """The pure logic, fast: version_tuple, the Ray runtime_env hook's dict (in this process);
-the exit engine through its public calls, exit_code() and finalize(), each in a fresh
+the exit engine through its calls ending() and finalize(), each in a fresh
 interpreter with no library but autoteardown (the pytest process is never armed)."""
 
 import json
-import subprocess
-import sys
+
 import pytest
 
-from helpers import ROOT, base_env
+from helpers import ROOT, python
 
 from autoteardown.integrations import check_version, version_tuple
-
 
 # ---- recording(): what a record hook records, and that it never raises ----------
 
@@ -109,15 +107,21 @@ def test_runtime_env_hook_keeps_what_is_there_and_is_idempotent(clean_hook_env):
     assert hook(once) == once
 
 
-def test_runtime_env_hook_chains_the_users_setup_hook(clean_hook_env):
+def test_runtime_env_hook_chains_the_users_setup_hook(clean_hook_env, monkeypatch):
     chained = hook({"worker_process_setup_hook": "mypkg.setup", "env_vars": {"A": "1"}})
     assert chained["env_vars"] == {"A": "1", "AUTOTEARDOWN_NEXT_SETUP_HOOK": "mypkg.setup"}
     assert chained["worker_process_setup_hook"] == "autoteardown.integrations.ray.setup_hook"
     assert hook(chained) == chained  # applied twice: still chained once
 
+    # A callable hook is wrapped: the worker installs autoteardown, then runs the user's.
+    import autoteardown
+
     calls = []
+    monkeypatch.setattr(autoteardown, "install", lambda: calls.append("install"))  # not in this process
     wrapped = hook({"worker_process_setup_hook": lambda: calls.append("user")})["worker_process_setup_hook"]
-    assert callable(wrapped)
+    assert callable(wrapped) and calls == []
+    wrapped()
+    assert calls == ["install", "user"]
 
 
 def next_hook(runtime_env):
@@ -137,26 +141,25 @@ NO_ITERATOR = """
 import autoteardown
 import torch.utils.data as data
 del data.DataLoader._get_iterator  # a torch without it (torch has no upper bound in TABLE)
-from autoteardown.integrations import torch as integration
-integration.unpatch()
-integration.patch()
+from autoteardown import integrations
+integrations.uninstrument("torch")
+integrations.instrument("torch")
 print("WRAPPED:", type(vars(data.DataLoader).get("_get_iterator")).__name__)
 """
 
 
 def test_a_dataloader_without_get_iterator_gets_one_warning_and_is_left_alone():
     pytest.importorskip("torch")
-    result = subprocess.run([sys.executable, "-c", NO_ITERATOR], env=base_env(False, PYTHONPATH=ROOT),
-                            capture_output=True, text=True, timeout=120)
+    result = python(NO_ITERATOR, shim=False, pythonpath=ROOT, timeout=120)
     assert result.returncode == 0 and "WRAPPED: NoneType" in result.stdout, result
     assert result.stderr.count("has no _get_iterator (unsupported version)") == 1, result
 
 
-# ---- the exit engine: exit_code() and finalize(), in a fresh interpreter -------
+# ---- the exit engine: ending() and finalize(), in a fresh interpreter ----------
 
 PROBE = """
 import json, os, signal, sys, threading, time
-from autoteardown import engine, registry
+from autoteardown import engine, exitstatus, registry, signals
 
 class Probe:
     pass
@@ -164,9 +167,10 @@ class Probe:
 seen = []
 
 def finalize_one(obj, timeout):
-    code, exc, _ = engine.ending()
+    code, exc, _ = exitstatus.ending()
     seen.append(code)
-    print("SEEN:", json.dumps([code, type(exc).__name__ if exc else None, engine.exit_signal()]), flush=True)
+    signum = (signals.received() or (None,))[0]
+    print("SEEN:", json.dumps([code, type(exc).__name__ if exc else None, signum]), flush=True)
 
 engine.register_kind("probe", 0, finalize_one)
 probe = Probe()
@@ -191,9 +195,7 @@ ENDINGS = {  # ending: (code, exception, signal) seen by a finalizer at exit
 
 
 def probe(ending, timeout=30):
-    result = subprocess.run([sys.executable, "-c", PROBE.replace("ENDING", ending)],
-                            env=base_env(False, PYTHONPATH=ROOT), capture_output=True, text=True,
-                            timeout=timeout)
+    result = python(PROBE.replace("ENDING", ending), shim=False, pythonpath=ROOT, timeout=timeout)
     seen = [json.loads(line.split(":", 1)[1]) for line in result.stdout.splitlines() if line.startswith("SEEN:")]
     return result, seen
 
@@ -249,8 +251,7 @@ def test_a_hung_step_cannot_starve_the_steps_after_it(hang):
     # leaves the others their time. Bounds from the timeout, plus a margin for load.
     timeout = 4.0
     code = STEPS.replace("HANG", repr(hang)).replace("TIMEOUT", repr(timeout))
-    result = subprocess.run([sys.executable, "-c", code], env=base_env(False, PYTHONPATH=ROOT),
-                            capture_output=True, text=True, timeout=timeout + 60)
+    result = python(code, shim=False, pythonpath=ROOT, timeout=timeout + 60)
     assert result.returncode == 0, result
     elapsed = float(result.stdout.split("ELAPSED:")[1].split()[0])
     budgets = [float(b) for b in result.stdout.split("BUDGETS:")[1].split()]

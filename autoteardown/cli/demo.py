@@ -126,7 +126,7 @@ def demo(fail_job=None, only=None):
     results, failures = {}, []
     with tempfile.TemporaryDirectory(prefix="autoteardown-demo-") as folder:
         index, total = 0, 2 * len(jobs)
-        for name, (title, script, marker) in jobs.items():
+        for name, (_, script, marker) in jobs.items():
             path = os.path.join(folder, f"{name}_job.py")  # not ray.py: it would shadow ray
             with open(path, "w") as f:
                 f.write(script)

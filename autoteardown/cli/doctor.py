@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 from .. import __version__, config
-from . import pythonpath_entries
 from ..integrations import TABLE, installed_version, supported_range, unsupported_reason
+from . import pythonpath_entries
 
-PACKAGES = ("wrapt", "psutil") + tuple(dict.fromkeys(d for row in TABLE.values() for d, _, _ in row[3:]))
+PACKAGES = ("wrapt", "psutil") + tuple(dict.fromkeys(r.distribution for row in TABLE.values() for r in row.requires))
 
 
 def _version(name):
@@ -59,7 +59,7 @@ def doctor():
     for name, row in TABLE.items():
         if config.DISABLE or name in config.DISABLED_INTEGRATIONS:
             state = "disabled by config"
-        elif not any(installed_version(dist) for dist, _, _ in row[3:]):
+        elif not any(installed_version(r.distribution) for r in row.requires):
             state = "not installed"
         else:
             problem = unsupported_reason(name)

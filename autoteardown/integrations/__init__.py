@@ -1,59 +1,142 @@
-"""The integration table, and the contract every integration module keeps.
+"""The integration table, and the one gate every integration goes through.
 
-Each module keeps ddtrace's contract: `patch()` (idempotent; returns at once unless
-`supported(NAME)`), `unpatch()` (restores by identity), `get_version()`, and `describe(obj)`
-for the report. It is imported only when one of its trigger modules is.
+`TABLE` names each integration: the resource kind it records, the kind's order in the
+teardown, the modules whose import triggers it, what it looks after, and the
+distributions it supports. `instrument(name)` is the gate (as OpenTelemetry's
+`instrument()`): the version check and its one warning, idempotency, the kind's
+registration with the engine, and the module's `patch(patches)`; `uninstrument(name)`
+puts back what it wrapped. A module `integrations/<name>.py` says only what it wraps and
+how to finalize: it keeps the `Integration` protocol below. It is imported only when one
+of its trigger modules is; no two integrations share a trigger.
 """
 
-import sys
-
 from .. import log
+from ..patches import Patches
 
-# name: (resource kind, trigger modules, what it looks after (for the warning when it is off),
-#        (distribution, minimum, below)...), where an installed distribution must lie in [minimum, below).
+TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
+if TYPE_CHECKING:
+    from typing import Any, Callable, Protocol
+
+    class Module(Protocol):
+        """What integrations/<name>.py defines (after_all, in_child, on_sigterm optional)."""
+
+        def patch(self, patches: Patches) -> None: ...
+        def finalize_one(self, obj: Any, timeout: float) -> "str | None": ...
+        def describe(self, obj: Any) -> "str | None": ...
+
+
+class Requirement:
+    """An installed `distribution` must lie in [minimum, below)."""
+
+    __slots__ = ("distribution", "minimum", "below")
+
+    def __init__(self, distribution: str, minimum: str, below: "str | None" = None) -> None:
+        self.distribution, self.minimum, self.below = distribution, minimum, below
+
+    def __str__(self) -> str:
+        return f"{self.distribution} >={self.minimum}" + (f",<{self.below}" if self.below else "")
+
+
+class Integration:
+    """One row of TABLE."""
+
+    __slots__ = ("kind", "order", "triggers", "looks_after", "requires")
+
+    def __init__(self, kind: str, order: int, triggers: "tuple[str, ...]", looks_after: str,
+                 *requires: Requirement) -> None:
+        self.kind, self.order, self.triggers, self.looks_after, self.requires = (
+            kind, order, triggers, looks_after, requires)
+
+
+# The order is the teardown's: workers before the groups they may use, the groups and the
+# actors before the trackers, a local write (swanlab, trackio) before mlflow's and wandb's
+# ends, which can take seconds.
 TABLE = {
-    "torch": ("dataloader", ("torch.utils.data", "torchdata.stateful_dataloader"), "DataLoader workers",
-              ("torch", "2.0", None), ("torchdata", "0.8", None)),
-    "distributed": ("process_group", ("torch.distributed",), "process groups", ("torch", "2.0", None)),
-    "tensorboard": ("tensorboard", ("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
-                    ("tensorboard", "2.0", None), ("tensorboardX", "2.0", None)),
-    "wandb": ("wandb", ("wandb",), "wandb runs", ("wandb", "0.22", "0.32")),
-    "ray": ("ray", ("ray",), "Ray actors", ("ray", "2.40", "2.61")),
+    "torch": Integration("dataloader", 10, ("torch.utils.data", "torchdata.stateful_dataloader"),
+                         "DataLoader workers", Requirement("torch", "2.0"), Requirement("torchdata", "0.8")),
+    "distributed": Integration("process_group", 15, ("torch.distributed",), "process groups",
+                               Requirement("torch", "2.0")),
+    "tensorboard": Integration("tensorboard", 25, ("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
+                               Requirement("tensorboard", "2.0"), Requirement("tensorboardX", "2.0")),
+    "wandb": Integration("wandb", 30, ("wandb",), "wandb runs", Requirement("wandb", "0.22", "0.32")),
+    "ray": Integration("ray", 20, ("ray",), "Ray actors", Requirement("ray", "2.40", "2.61")),
     # mlflow-skinny provides the same `mlflow` package, without the server.
-    "mlflow": ("mlflow", ("mlflow",), "mlflow runs", ("mlflow", "2.10", "4"), ("mlflow-skinny", "2.10", "4")),
+    "mlflow": Integration("mlflow", 28, ("mlflow",), "mlflow runs", Requirement("mlflow", "2.10", "4"),
+                          Requirement("mlflow-skinny", "2.10", "4")),
     # Both rely on private names of the releases their modules name as tested.
-    "swanlab": ("swanlab", ("swanlab",), "swanlab runs", ("swanlab", "0.9.8", "0.11")),
-    "trackio": ("trackio", ("trackio",), "trackio runs", ("trackio", "0.40", "0.44")),
+    "swanlab": Integration("swanlab", 26, ("swanlab",), "swanlab runs", Requirement("swanlab", "0.9.8", "0.11")),
+    "trackio": Integration("trackio", 27, ("trackio",), "trackio runs", Requirement("trackio", "0.40", "0.44")),
 }
-TRIGGERS = {name: row[1] for name, row in TABLE.items()}
+_patches: "dict[str, Patches]" = {}            # name -> what it wrapped, once instrumented
+# engine.register_kind, set by install(): the engine is handed in, not imported (it imports us, through report.py).
+register_kind: "Callable[..., None] | None" = None
+_triggered: "dict[str, frozenset[str]]" = {}   # name -> the trigger modules it was patched for
 
 
-def supported_range(name):
-    """'wandb >=0.22,<0.32' (for doctor and the README)."""
-    return ", ".join(f"{dist} >={low}" + (f",<{high}" if high else "") for dist, low, high in TABLE[name][3:])
-
-
-def get_version(name):
-    """The installed version of the integration's first installed distribution, or None."""
-    return next(filter(None, (installed_version(dist) for dist, _, _ in TABLE[name][3:])), None)
-
-
-def unsupported_reason(name):
-    """None when every installed distribution of the integration is in its range, else why."""
-    return next(filter(None, (check_version(*row) for row in TABLE[name][3:])), None)
-
-
-def contract(name, patches):
-    """ddtrace's get_version() and unpatch() for integration `name` (unpatch: patches.restore())."""
-    return (lambda: get_version(name)), patches.restore
-
-
-def supported(name):
-    """True if `name` may patch; otherwise one warning per process tree, and False."""
+def instrument(name: str, trigger: "str | None" = None) -> bool:
+    """Patch integration `name` if its installed versions are supported (else one warning per
+    process tree, and False). Idempotent: it patches again only for a trigger module whose
+    import it was not patched for (torchdata's after torch's: a module is in sys.modules
+    while it runs, so what is imported is told by the hooks, not by sys.modules)."""
+    integration = TABLE[name]
     reason = unsupported_reason(name)
     if reason:
-        log.warning_once("%s; %s are left alone", reason, TABLE[name][2], tree=True)
-    return reason is None
+        log.warning_once("%s; %s are left alone", reason, integration.looks_after, tree=True)
+        return False
+    done = _triggered.get(name)
+    if done is not None and (trigger is None or trigger in done):
+        return True
+    import importlib
+
+    module = importlib.import_module(f"{__name__}.{name}")
+    if name not in _patches and register_kind is not None:
+        register_kind(integration.kind, integration.order, module.finalize_one,
+                             getattr(module, "after_all", None), getattr(module, "in_child", None),
+                             getattr(module, "on_sigterm", None))
+    module.patch(_patches.setdefault(name, Patches()))
+    _triggered[name] = (done or frozenset()) | frozenset([trigger] if trigger else ())
+    return True
+
+
+def uninstrument(name: str) -> None:
+    """Put back what integration `name` wrapped (by identity: only what is still ours)."""
+    _triggered.pop(name, None)
+    patches = _patches.pop(name, None)
+    if patches is not None:
+        patches.restore()
+
+
+def on_import(module) -> None:
+    """The post-import hook of every trigger module: instrument the integration it triggers."""
+    for name, integration in TABLE.items():
+        if module.__name__ in integration.triggers:
+            instrument(name, module.__name__)
+
+
+def not_patched() -> "list[str]":
+    """'name: owner.attribute' for each target an instrumented integration did not find."""
+    return [f"{name}: {what}" for name, patches in _patches.items() for what in patches.missing]
+
+
+def kind_of(module_name: str) -> str:
+    """The resource kind of the integration module `module_name` (its __name__)."""
+    return TABLE[module_name.rpartition(".")[2]].kind
+
+
+def supported_range(name: str) -> str:
+    """'wandb >=0.22,<0.32' (for doctor and the README)."""
+    return ", ".join(map(str, TABLE[name].requires))
+
+
+def get_version(name: str) -> "str | None":
+    """The installed version of the integration's first installed distribution, or None."""
+    return next(filter(None, (installed_version(r.distribution) for r in TABLE[name].requires)), None)
+
+
+def unsupported_reason(name: str) -> "str | None":
+    """None when every installed distribution of the integration is in its range, else why."""
+    return next(filter(None, (check_version(r.distribution, r.minimum, r.below) for r in TABLE[name].requires)),
+                None)
 
 
 def recording(record):
@@ -67,68 +150,11 @@ def recording(record):
             log.debug_exception("could not record what %r made", wrapped)
         return made
 
-    wrapper.__module__ = record.__module__  # the integration's own wrapper, as unpatch() sees it
+    wrapper.__module__ = record.__module__  # the integration's own wrapper, as the contract tests see it
     return wrapper
 
 
-def exit_unless_stopped(wrapped, instance, args, kwargs):
-    """A run's `__exit__` in our SIGTERM unwind: the teardown ends the run, with the signal's status."""
-    if sys.modules["autoteardown.engine"].is_stop(args[1] if len(args) > 1 else kwargs.get("exc_val")):
-        return False
-    return wrapped(*args, **kwargs)
-
-
-class Patches:
-    """What an integration wrapped, for its unpatch() to put back by identity (as ddtrace's `unwrap`)."""
-
-    def __init__(self):
-        self._patched = []  # (class or module, attribute name, original, our wrapper)
-
-    def wrap(self, owner, name, wrapper):
-        """Wrap owner.name (its own attribute, if it has it) with wrapt, once."""
-        import wrapt
-
-        if name not in vars(owner) or any(o is owner and n == name for o, n, _, _ in self._patched):
-            return
-        original = vars(owner)[name]
-        wrapt.wrap_function_wrapper(owner, name, wrapper)
-        self._patched.append((owner, name, original, vars(owner)[name]))
-        _debug("patched %s.%s", owner, name)
-
-    def rebind(self, original, wrapper, package):
-        """Wrap a function bound under several names (wandb.init is wandb.sdk.wandb_init.init):
-        every attribute of a module of `package` that is `original` gets one FunctionWrapper."""
-        import wrapt
-
-        if any(orig is original for _, _, orig, _ in self._patched):
-            return
-        ours = wrapt.FunctionWrapper(original, wrapper)
-        for module_name, module in list(sys.modules.items()):
-            if module is None or not f"{module_name}.".startswith(f"{package}."):
-                continue
-            for name, value in list(vars(module).items()):
-                if value is original:
-                    setattr(module, name, ours)
-                    self._patched.append((module, name, original, ours))
-                    _debug("patched %s.%s", module, name)
-
-    def restore(self):
-        for owner, name, original, ours in reversed(self._patched):
-            if vars(owner).get(name) is ours:
-                setattr(owner, name, original)
-            else:
-                _debug("%s.%s was replaced after we wrapped it; left as it is", owner, name)
-        self._patched.clear()
-
-    def __bool__(self):
-        return bool(self._patched)
-
-
-def _debug(msg, owner, name):
-    log.debug(msg, getattr(owner, "__qualname__", getattr(owner, "__name__", owner)), name)
-
-
-def version_tuple(text):
+def version_tuple(text: str) -> "tuple[int, ...]":
     """'2.13.0+cpu' -> (2, 13, 0), '2.0rc1' -> (2, 0): the release numbers, for range checks."""
     import re
 
@@ -136,7 +162,7 @@ def version_tuple(text):
     return tuple(map(int, match.group().split("."))) if match else ()
 
 
-def installed_version(distribution):
+def installed_version(distribution: str) -> "str | None":
     """The installed version of `distribution` (from its metadata: nothing is imported), or None."""
     import importlib.metadata
 
@@ -146,7 +172,7 @@ def installed_version(distribution):
         return None
 
 
-def check_version(distribution, minimum, below=None):
+def check_version(distribution: str, minimum: str, below: "str | None" = None) -> "str | None":
     """None when the installed `distribution` is within [minimum, below), else the reason."""
     found = installed_version(distribution)
     if found is None:

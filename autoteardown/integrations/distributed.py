@@ -9,23 +9,21 @@ torch.distributed): it only wraps functions.
 
 import sys
 
-from .. import engine, log, registry
-from . import Patches, contract, recording, supported
+from .. import log, registry
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME, KIND, ORDER = "distributed", "process_group", 15
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
+KIND = kind_of(__name__)
 
 
-def patch():
+def patch(patches: Patches) -> None:
     dist = sys.modules.get("torch.distributed")
-    if _patches or dist is None or not dist.is_available() or not supported(NAME):
+    if dist is None or not dist.is_available():
         return
     c10d = sys.modules["torch.distributed.distributed_c10d"]
-    engine.register_kind(KIND, ORDER, destroy_group)
     for name in ("init_process_group", "new_group"):
         # torch.distributed and device_mesh bind the same function by name (torch 2.13).
-        _patches.rebind(getattr(c10d, name), recording(_record), "torch.distributed")
+        patches.rebind(getattr(c10d, name), recording(_record), "torch.distributed")
     if dist.is_initialized():  # initialized before autoteardown was imported
         _record(dist.group.WORLD)
 
@@ -37,12 +35,13 @@ def _record(group):
         registry.record(KIND, group)  # pybind11 ProcessGroup takes weak references
 
 
-def destroy_group(group, timeout):
+def finalize_one(group, timeout: float) -> None:
+    """Destroy the group."""
     try:
         sys.modules["torch.distributed"].destroy_process_group(group)
     except ValueError:  # "Invalid process group": destroyed by the script or with the default group
         log.debug("process group already destroyed")
 
 
-def describe(group):
+def describe(group) -> str:
     return f"{group.name()} group of {group.size()} rank(s)"

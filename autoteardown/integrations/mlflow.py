@@ -2,47 +2,44 @@
 
 mlflow's own atexit hook ends only the calling thread's top run, always FINISHED. We record
 each run `mlflow.start_run` makes with the stack it was pushed on (any thread, nested,
-resumed). At exit (order 28: quick store calls, before wandb's teardown) each run still on
+resumed). At exit (quick store calls, before wandb's teardown) each run still on
 its stack is taken off it first, so that mlflow's hook and a tracker's later `end_run()` find
 nothing to end, then ended FINISHED, FAILED or KILLED. `MlflowClient.create_run` runs are not
 recorded: their id may be another process's.
 """
 
+import _thread
 import sys
 import time
 import weakref
-import _thread
 
-from .. import engine, log, registry
-from . import Patches, contract, exit_unless_stopped, recording, supported
+from .. import exitstatus, log, registry, signals
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME = KIND = "mlflow"
-ORDER = 28  # the private names below: tested on 2.10.2 and 3.17
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
-_runs = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
-_deadlines = {}  # thread ident -> deadline, for the teardown's own requests
-_accepted = ()   # the HTTP settings this mlflow's http_request takes as arguments
+KIND = kind_of(__name__)  # the private names below: tested on 2.10.2 and 3.17
+_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
+_deadlines: "dict[int, float]" = {}  # thread ident -> deadline, for the teardown's own requests
+_accepted: "tuple[str, ...]" = ()   # the HTTP settings this mlflow's http_request takes as arguments
 
 
-def patch():
+def patch(patches: Patches) -> None:
     global _accepted
     try:
         import mlflow.tracking.fluent as fluent
     except ImportError:
         return  # mlflow-tracing: no runs to end
-    if _patches or not hasattr(fluent, "start_run") or not supported(NAME):
+    if not hasattr(fluent, "start_run"):
         return
     import inspect
 
     from mlflow.utils import rest_utils
 
     # Bound under several names: start_run in mlflow and its fluent module, http_request in the stores.
-    _patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")
+    patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")
     _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
-    _patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
-    engine.register_kind(KIND, ORDER, end_run)
-    _patches.wrap(fluent.ActiveRun, "__exit__", exit_unless_stopped)  # the teardown ends it KILLED, not FAILED
+    patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
+    patches.wrap(fluent.ActiveRun, "__exit__", signals.exit_unless_stopped)  # the teardown ends it KILLED, not FAILED
     stack = _stack()  # a run started before we were imported
     for run in list(stack or ()):
         _record(run, stack)
@@ -65,7 +62,8 @@ def _record(run, stack):
     registry.record(KIND, run)
 
 
-def end_run(run, timeout):
+def finalize_one(run, timeout: float) -> "str | None":
+    """End the run (and the runs nested above it) with the status the process ends with."""
     stack, uri = _runs.pop(run, (None, None))
     index = next((i for i, r in enumerate(stack or ()) if r is run), None)
     if index is None:
@@ -73,9 +71,9 @@ def end_run(run, timeout):
     # Off the stack before any call that can hang; nested runs above it end first.
     ending = stack[index:]
     del stack[index:]
-    code, exception, _ = engine.ending()
+    code, exception, _ = exitstatus.ending()
     # 143 is a SIGTERM's code also where the signal was another handler's (a Ray actor's).
-    killed = isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None or code == 128 + 15
+    killed = isinstance(exception, KeyboardInterrupt) or signals.received() is not None or code == 128 + 15
     status = "KILLED" if killed else "FINISHED" if code == 0 and exception is None else "FAILED"
     _deadlines[_thread.get_ident()] = time.monotonic() + timeout
     try:
@@ -118,6 +116,6 @@ def _bounded_request(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def describe(run):
+def describe(run) -> str:
     info = run.info
     return f"run {info.run_id}" + (f" ({info.run_name})" if info.run_name else "")

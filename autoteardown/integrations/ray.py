@@ -8,28 +8,21 @@ FunctionActorManager._make_actor_method_executor, the GCS client's internal_kv_*
 RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback.
 """
 
-from . import Patches, contract, ray_driver, ray_worker, supported
+from ..patches import Patches
+from . import ray_driver, ray_worker
+
 # Importable here: autoteardown.ray_runtime_env_hook delegates to it, users' configurations name it.
 from .ray_cluster import runtime_env_hook, setup_hook  # noqa: F401
 
-NAME = KIND = ray_driver.KIND
-_patches = Patches()
-get_version = contract(NAME, _patches)[0]
+finalize_one, after_all = ray_driver.collect, ray_driver.finalize_collected
 
 
-def patch():
-    if _patches or not supported(NAME):
-        return
-    ray_driver.patch(_patches)
-    ray_worker.patch(_patches)
+def patch(patches: Patches) -> None:
+    ray_driver.patch(patches)
+    ray_worker.patch(patches)
 
 
-def unpatch():
-    _patches.restore()
-    ray_worker.unpatch()
-
-
-def describe(obj):
+def describe(obj) -> "str | None":
     if hasattr(obj, "actor_id") and hasattr(obj, "pid"):  # an actor told to end, being watched
         return f"terminated actor {str(obj.actor_id)[:8]} (pid {obj.pid})"
     descriptor = getattr(obj, "_ray_actor_creation_function_descriptor", None)

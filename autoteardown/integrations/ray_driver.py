@@ -20,21 +20,20 @@ import signal
 import threading
 import time
 
-from .. import config, engine, log, registry, signals
-from . import ray_worker
+from .. import config, engine, log, registry, threads
+from ..patches import Patches
+from . import kind_of, ray_worker
 
-KIND = "ray"
-ORDER = 20
-_collected = []  # what the engine handed us at exit: handles and _Ending
-_known = {}      # actor id -> its GCS record once ALIVE (pid, node)
+KIND = kind_of("ray")
+_collected: list = []  # what the engine handed us at exit: handles and _Ending
+_known: dict = {}      # actor id -> its GCS record once ALIVE (pid, node)
 
 
-def patch(patches):
+def patch(patches: Patches) -> None:
     import ray
     import ray._private.node
     import ray.actor
 
-    engine.register_kind(KIND, ORDER, collect, after_all=finalize_collected)
     patches.wrap(ray.actor.ActorHandle, "_actor_method_call", _on_actor_method_call)
     patches.wrap(ray.actor.ActorClass, "_remote", _on_actor_created)
     patches.wrap(ray, "shutdown", _on_shutdown)
@@ -69,7 +68,7 @@ def _learn(actor_id, delay, give_up=None):
         elif info.get("State") != "DEAD" and time.monotonic() < give_up:
             _learn(actor_id, min(2.0, delay * 1.5), give_up)
 
-    signals.alarm(time.monotonic() + delay, lambda: engine.run_soon(lookup))
+    threads.alarm(time.monotonic() + delay, lambda: threads.run_soon(lookup))
 
 
 def _detached(lifetime):
@@ -97,7 +96,7 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
         _forget(instance)  # it will not be asked to finalize: it is ending
         terminated = _Ending(instance, requested_at)
         registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
-        engine.run_soon(terminated.locate)
+        threads.run_soon(terminated.locate)
     except Exception:
         log.debug_exception("could not watch the actor being terminated")
     return result
@@ -213,7 +212,7 @@ class _Ending:
 
     def watch(self):
         if not self.poll():
-            signals.alarm(max(self.due, time.monotonic() + 0.5), lambda: engine.run_soon(self.watch))
+            threads.alarm(max(self.due, time.monotonic() + 0.5), lambda: threads.run_soon(self.watch))
 
     def poll(self):
         """Done yet? Here: its process is gone, or the grace is over and it is killed. There:

@@ -11,8 +11,9 @@ second, and a watchdog ends the process just inside it.
   again for Ray's own exit.
 - `ray.actor.exit_actor`, which `__ray_terminate__` looks up at call time.
 - Ray Train v2's `RayTrainWorker.shutdown()` (then `ray.kill` after `patience_s`). The patch is a
-  plain function with the original's __module__ and __qualname__: Ray pickles methods by reference,
-  so each worker resolves its own (a wrapt proxy does not survive Ray's tracing injection).
+  plain function with the original's __module__ and __qualname__ (`Patches.replace`): Ray pickles
+  methods by reference, so each worker resolves its own (a wrapt proxy does not survive Ray's
+  tracing injection).
 """
 
 import faulthandler
@@ -24,15 +25,15 @@ import sys
 import threading
 import time
 
-from .. import config, engine, importhook, log, registry, signals
+from .. import config, engine, importhook, log, registry, signals, threads
+from ..patches import Patches
 
 TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
 TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
 ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down
-_train_original = None   # RayTrainWorker.shutdown before we replaced it
-_patches = None
+_patches: "Patches | None" = None  # the ray integration's, for the Ray Train hooks
 _main = threading.main_thread().ident
 _in_method = 0    # actor methods running in the main thread
 _asked = False    # a SIGTERM asked this actor to end: its teardown is pending or under way
@@ -42,7 +43,7 @@ _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 
 
-def patch(patches):
+def patch(patches: Patches) -> None:
     import ray._private.function_manager
     import ray._private.utils
     import ray.actor
@@ -56,15 +57,6 @@ def patch(patches):
     engine.when_armed(_announce)
     importhook.register(TRAIN_V2_WORKER, "autoteardown.integrations.ray_worker:patch_train_worker")
     importhook.register(TRAIN_V2_RUNNER, "autoteardown.integrations.ray_worker:patch_train_runner")
-
-
-def unpatch():
-    global _train_original
-    worker_class = getattr(sys.modules.get(TRAIN_V2_WORKER), "RayTrainWorker", None)
-    shutdown = getattr(worker_class, "shutdown", None)
-    if _train_original is not None and getattr(shutdown, "__wrapped__", None) is _train_original:
-        worker_class.shutdown = _train_original  # only if it is still ours
-    _train_original = None
 
 
 def _in_actor():
@@ -104,10 +96,10 @@ def _ask(handler, signum, frame):
     if not _in_actor():
         return handler(signum, frame)  # a driver: Ray's own handler ends actors first (ray_driver)
     _asked = True
-    engine.on_signal(signum, ours=False)  # Ray's handler ends the process, not the engine
+    engine.on_sigterm(signum)  # not recorded: Ray's handler ends the process, not the engine
     if _in_method:
         return handler(signum, frame)  # Ray's SystemExit unwinds the method: run_method tears down
-    if not signals.soon(lambda: engine.run_soon(_teardown_then_resend)):
+    if not threads.soon(lambda: threads.run_soon(_teardown_then_resend)):
         return handler(signum, frame)
 
 
@@ -148,7 +140,7 @@ def _teardown(interrupted):
     code = train_exit_code()
     code = SIGTERM_CODE if code is None and interrupted else code
     try:
-        signals.alarm(time.monotonic() + max(0.5, config.RAY_GRACE - 0.25), _overdue)  # before anything can hang
+        threads.alarm(time.monotonic() + max(0.5, config.RAY_GRACE - 0.25), _overdue)  # before anything can hang
         engine.finalize(_budget(config.RAY_GRACE), exit_code=code)
         gc.collect()
     finally:
@@ -202,14 +194,12 @@ class TrainingStopped(SystemExit):
     """Raised into a Ray Train training thread that runs on while its worker shuts down."""
 
 
-def patch_train_worker():
-    global _train_original
-    worker_class = sys.modules[TRAIN_V2_WORKER].RayTrainWorker
-    original = vars(worker_class).get("shutdown")
-    if original is None or _train_original is not None:
-        return
+def patch_train_worker(module) -> None:
+    if _patches is not None:  # a plain function, pickled by reference: see the module docstring
+        _patches.replace(module.RayTrainWorker, "shutdown", _finalizing_after)
 
-    # Not through Patches: pickled by reference, see the module docstring.
+
+def _finalizing_after(original):
     @functools.wraps(original)
     def shutdown(self, *args, **kwargs):
         try:
@@ -217,13 +207,12 @@ def patch_train_worker():
         finally:
             _finalize_train_worker()
 
-    _train_original = original
-    worker_class.shutdown = shutdown
-    log.debug("patched RayTrainWorker.shutdown")
+    return shutdown
 
 
-def patch_train_runner():
-    _patches.wrap(sys.modules[TRAIN_V2_RUNNER], "construct_user_exception_with_traceback", _unless_stopped)
+def patch_train_runner(module) -> None:
+    if _patches is not None:
+        _patches.wrap(module, "construct_user_exception_with_traceback", _unless_stopped)
 
 
 def _unless_stopped(wrapped, instance, args, kwargs):

@@ -20,22 +20,17 @@ a fork child's registry starts empty, and swanlab's `alive` is False there (pid)
 import threading
 import traceback
 
-from .. import engine, registry
-from . import Patches, contract, recording, supported
+from .. import exitstatus, registry, signals
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME = KIND = "swanlab"
-ORDER = 26  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
+KIND = kind_of(__name__)
 
 
-def patch():
-    if _patches or not supported(NAME):
-        return
+def patch(patches: Patches) -> None:
     from swanlab.sdk.internal.run import Run, get_run
 
-    _patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
-    engine.register_kind(KIND, ORDER, finish_run)
+    patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
     try:  # a run started before we were imported
         registry.record(KIND, get_run())
     except RuntimeError:
@@ -44,15 +39,15 @@ def patch():
 
 def _state():
     """(state, error) for finish(), from how the process ends."""
-    code, exception, why = engine.ending()
-    if isinstance(exception, KeyboardInterrupt) or engine.exit_signal() is not None:
+    code, exception, why = exitstatus.ending()
+    if isinstance(exception, KeyboardInterrupt) or signals.received() is not None:
         return "aborted", why
     if exception is not None:
         return "crashed", "".join(traceback.format_exception(exception))
     return ("success", None) if code == 0 else ("crashed", f"{why}: exit status {code}")
 
 
-def finish_run(run, timeout):
+def finalize_one(run, timeout: float) -> None:
     if not run.alive:
         return  # finished: by the user, by swanlab's excepthook or SIGINT handler
     if threading.current_thread() is not threading.main_thread():
@@ -64,5 +59,5 @@ def finish_run(run, timeout):
     run.finish(state=state, error=error)
 
 
-def describe(run):
+def describe(run) -> str:
     return f"run {run.id} ({run.mode}) in {run.dir}"

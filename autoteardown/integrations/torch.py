@@ -10,36 +10,32 @@ section for the SIGTERM unwind (signals.py): cut half-way, the worker raises.
 import sys
 import time
 
-from .. import engine, log, registry
-from . import Patches, contract, recording, supported
+from .. import log, registry
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME, KIND, ORDER = "torch", "dataloader", 10
+KIND = kind_of(__name__)
 TARGETS = (
     ("torch.utils.data.dataloader", "DataLoader"),
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
 WORKER_GRACE = 0.5  # for an idle worker to leave, and for a SIGTERMed one to die
 _EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
 
 
-def patch():
-    if not supported(NAME):
-        return
-    engine.register_kind(KIND, ORDER, shutdown_workers, in_child=forget_in_child, on_sigterm=unwatch_workers)
+def patch(patches: Patches) -> None:
     for module_name, class_name in TARGETS:
         cls = getattr(sys.modules.get(module_name), class_name, None)
         if cls is not None and "_get_iterator" not in vars(cls):  # torch has no upper bound in TABLE
             log.warning_once("%s has no _get_iterator (unsupported version); DataLoader workers are left alone",
                              class_name, tree=True)
         elif cls is not None:
-            _patches.wrap(cls, "_get_iterator", recording(_record))
+            patches.wrap(cls, "_get_iterator", recording(_record))
     from multiprocessing import resource_sharer
 
     from .. import signals
 
-    _patches.wrap(resource_sharer.DupFd, "detach", signals.critical)
+    patches.wrap(resource_sharer.DupFd, "detach", signals.critical)
 
 
 def _record(it):
@@ -47,27 +43,27 @@ def _record(it):
         registry.record(KIND, it)
 
 
-def forget_in_child(it):
+def in_child(it) -> None:
     # Its events and queues are the parent's: mark it done so the child never shuts it
     # down, and take the parent's workers off multiprocessing's list, which would SIGTERM them.
     it._shutdown = True
     it._worker_pids_set = False
-    children = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
+    children: set = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
     for worker in getattr(it, "_workers", ()):
         children.discard(worker)
 
 
-def unwatch_workers(it):
+def on_sigterm(it) -> None:
     # Workers dying with the process are no error to report (torch's _shutdown_workers() does this first).
     if getattr(it, "_worker_pids_set", False):
         it._worker_pids_set = False  # first: a second call must not remove them twice (torch raises)
         sys.modules["torch.utils.data._utils.signal_handling"]._remove_worker_pids(id(it))
 
 
-def shutdown_workers(it, timeout):
-    """Tell every worker to stop and end it at once if it is loading an item: the
-    teardown waits for work whose result outlives the process (engine.py), and an item
-    being loaded dies with it. An idle worker (no task outstanding) leaves by itself
+def finalize_one(it, timeout: float) -> None:
+    """Tell every worker to stop and end it at once if it is loading an item: the teardown
+    waits for work whose result outlives the process (engine.py), and an item being
+    loaded dies with it. An idle worker (no task outstanding) leaves by itself
     within WORKER_GRACE; a busy one is SIGTERMed as multiprocessing would at exit (torch's
     worker handler makes a SIGTERM from its parent a quiet exit 0), SIGKILLed after
     WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal"."""
@@ -93,7 +89,7 @@ def shutdown_workers(it, timeout):
                 w.join(max(0.0, until - time.monotonic()))
         left = [w for w in it._workers if w.exitcode is None]
         if left:
-            unwatch_workers(it)
+            on_sigterm(it)
             for method in ("terminate", "kill"):
                 until = time.monotonic() + grace
                 for w in left:
@@ -107,7 +103,7 @@ def shutdown_workers(it, timeout):
     it._shutdown_workers()  # torch's bookkeeping
 
 
-def describe(it):
+def describe(it) -> str:
     workers = list(getattr(it, "_workers", None) or ())
     loader = "StatefulDataLoader" if "Stateful" in type(it).__name__ else "DataLoader"
     if not workers:
@@ -122,5 +118,5 @@ def describe(it):
     if len(set(states)) == 1:
         detail = "pid " + ", ".join(str(w.pid) for w in workers) + (f": {states[0]}" if states[0] else "")
     else:
-        detail = ", ".join(f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states))
+        detail = ", ".join(f"pid {w.pid}: {state or 'running'}" for w, state in zip(workers, states, strict=True))
     return f"{loader} with {len(workers)} worker(s) ({detail})"

@@ -17,38 +17,37 @@ callback, which would "finish" the parent's run there (that line, nothing writte
 import atexit
 import sys
 
-from .. import engine, registry
-from . import Patches, contract, recording, supported
+from .. import registry
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME = KIND = "trackio"
-ORDER = 27  # a local write: before mlflow (28) and wandb (30), whose ends can take seconds
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
+KIND = kind_of(__name__)
 
 
-def patch():
-    if _patches or not supported(NAME):
-        return
+def patch(patches: Patches) -> None:
     from trackio import context_vars
     from trackio.run import Run
 
-    _patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
-    engine.register_kind(KIND, ORDER, finish_run, after_all=drop_exit_hook, in_child=drop_exit_hook)
+    patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
     run = context_vars.current_run.get()  # a run started before we were imported
     if run is not None:
         registry.record(KIND, run)
 
 
-def finish_run(run, timeout):
+def finalize_one(run, timeout: float) -> None:
     if not run._stop_flag.is_set():  # set by finish(): the user's, or a tracker's
         run.finish()
 
 
-def drop_exit_hook(_):
+def drop_exit_hook(_=None) -> None:
+    """Take trackio's atexit callback off: after our finish(), and in a fork child."""
     hook = getattr(sys.modules.get("trackio"), "_cleanup_current_run", None)
     if hook is not None:
         atexit.unregister(hook)
 
 
-def describe(run):
+after_all = in_child = drop_exit_hook
+
+
+def describe(run) -> str:
     return f"run {run.name} in project {run.project}"

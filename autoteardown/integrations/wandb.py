@@ -8,24 +8,19 @@ wandb's calls a non-default one after printing, so tracebacks would print twice.
 import os
 import sys
 
-from .. import engine, log, registry
-from . import Patches, contract, exit_unless_stopped, recording, supported
+from .. import exitstatus, log, registry, signals
+from ..patches import Patches
+from . import kind_of, recording
 
-NAME = KIND = "wandb"
-ORDER = 30  # the private names below: tested on 0.22.0 and 0.31
-_patches = Patches()
-get_version, unpatch = contract(NAME, _patches)
+KIND = kind_of(__name__)  # the private names below: tested on 0.22.0 and 0.31
 
 
-def patch():
-    if _patches or not supported(NAME):
-        return
+def patch(patches: Patches) -> None:
     from wandb.sdk import wandb_init, wandb_run
 
     # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
-    _patches.rebind(wandb_init.init, recording(_record), "wandb")
-    _patches.wrap(wandb_run.Run, "__exit__", exit_unless_stopped)
-    engine.register_kind(KIND, ORDER, finish_run, after_all=teardown, in_child=forget_in_child)
+    patches.rebind(wandb_init.init, recording(_record), "wandb")
+    patches.wrap(wandb_run.Run, "__exit__", signals.exit_unless_stopped)
     setup = _setup()  # runs started before we were imported
     if setup is not None:
         with setup._active_runs_lock:
@@ -56,12 +51,13 @@ def _core_status():
 
 
 def _exit_code():
-    code, exception, _ = engine.ending()
+    code, exception, _ = exitstatus.ending()
     # wandb's own excepthook records 255 for KeyboardInterrupt; keep its convention.
     return 255 if isinstance(exception, KeyboardInterrupt) else code
 
 
-def finish_run(run, timeout):
+def finalize_one(run, timeout: float) -> "str | None":
+    """Finish the run with the process's exit code."""
     if getattr(run, "_is_finished", True) or _setup() is None:
         return None  # finished by the user, or wandb.teardown() closed it
     status = _core_status()
@@ -76,7 +72,8 @@ def finish_run(run, timeout):
     return "wandb-core gone"
 
 
-def teardown(timeout):
+def after_all(timeout: float) -> None:
+    """wandb.teardown(): wandb-core writes out and stops; wandb's own exit hook is taken off."""
     if _setup() is None:
         return  # torn down already
     core_died = _core_status() is not None
@@ -99,7 +96,7 @@ def _warn_core_ended(status):
                      f"signal {-status}" if status < 0 else f"status {status}")
 
 
-def forget_in_child(run):
+def in_child(run) -> None:
     # The child's copy of wandb's exit hook can only fail (ForkedError): unregister it.
     setup = getattr(sys.modules.get("wandb.sdk.wandb_setup"), "_singleton", None)
     cleanup = getattr(getattr(setup, "_connection", None), "_cleanup", None)
@@ -107,7 +104,7 @@ def forget_in_child(run):
         cleanup()
 
 
-def describe(run):
+def describe(run) -> str:
     settings = getattr(run, "_settings", None)
     run_id = getattr(run, "_run_id", None) or getattr(settings, "run_id", None)
     name, project = getattr(settings, "run_name", None), getattr(settings, "project", None)

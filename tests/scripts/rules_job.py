@@ -145,11 +145,10 @@ def main(mode):
             while True:
                 time.sleep(0.05)
     if mode == "lock":
-        import autoteardown.signals as signals
+        from autoteardown import threads
 
         it = loader()  # noqa: F841
-        lock = getattr(signals, "_alarm_lock", None) or signals._lock
-        with lock:
+        with threads._lock:  # the timers' lock, held by the main thread when the signal comes
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(50):
                 time.sleep(0.1)

@@ -1,0 +1,104 @@
+"""The shape of the package, kept by tests: the runtime's import graph has no cycle and no
+module looks another of ours up in sys.modules; one after-fork hook; the supported versions
+stated once in the integration table and equal in pyproject's extras and the README;
+`import autoteardown` imports none of the libraries it patches, nor what is costly."""
+
+import ast
+import re
+import subprocess
+import sys
+
+import tomllib
+
+from helpers import ROOT, base_env
+
+from autoteardown.integrations import TABLE, supported_range
+
+PACKAGE = ROOT / "autoteardown"
+RUNTIME = [p for p in sorted(PACKAGE.rglob("*.py")) if "cli" not in p.relative_to(PACKAGE).parts]
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path):
+    """The modules of ours that `path` imports, anywhere in it (a function's import too)."""
+    name, found, names = module_name(path), set(), {module_name(p) for p in RUNTIME}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            base = f"{base}.{node.module}" if node.level and node.module else base if node.level else node.module
+            for alias in node.names:  # a submodule of `base`, or a name in it
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in names else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    # A module's own packages are not imports of it back: Python runs them first anyway.
+    return {m for m in found if m in names and not f"{name}.".startswith(f"{m}.")}
+
+
+def test_the_runtime_import_graph_has_no_cycle():
+    graph = {module_name(p): imports_of(p) for p in RUNTIME}
+    done, cycles = set(), []
+
+    def visit(node, path):
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                visit(nxt, path + [nxt])
+        done.add(node)
+
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start])
+    assert cycles == []
+
+
+def test_no_module_of_ours_is_looked_up_in_sys_modules():
+    pattern = re.compile(r"""sys\.modules(\.get)?\(?\[?["']autoteardown""")
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in RUNTIME for n, line in enumerate(p.read_text().splitlines(), 1)
+             if pattern.search(line)]
+    assert found == []
+
+
+def test_one_after_fork_hook():
+    calls = [p for p in PACKAGE.rglob("*.py") for _ in re.finditer(r"register_at_fork\(", p.read_text())]
+    assert [p.name for p in calls] == ["forksafe.py"]
+
+
+def readme_versions():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Supported versions", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| *(\w+) *\| *([^|]+?) *\|$", section, re.M)
+    return {name: requires for name, requires in rows if name != "integration"}
+
+
+def test_the_supported_versions_are_the_same_in_the_table_pyproject_and_the_readme():
+    assert readme_versions() == {name: supported_range(name) for name in TABLE}
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    stated = {}
+    for requirement in (r for name in TABLE for r in TABLE[name].requires):
+        stated[requirement.distribution] = str(requirement).split(" ", 1)[1]
+    in_extras = set()
+    for requirements in extras.values():
+        for line in requirements:
+            match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?\s*([<>=!~].*)?", line)
+            if match and match.group(1) in stated:
+                assert (match.group(3) or "").replace(" ", "") == stated[match.group(1)], line
+                in_extras.add(match.group(1))
+    # Every integration can be installed through an extra (distributed with torch's).
+    assert [n for n in TABLE if not in_extras & {r.distribution for r in TABLE[n].requires}] == []
+
+
+def test_import_autoteardown_imports_none_of_the_libraries_nor_what_is_costly():
+    code = ("import sys; import autoteardown; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'wandb', 'ray', 'mlflow', 'wrapt', 'signal', 'logging', 'typing', 'tensorboard', 'swanlab',"
+            " 'trackio', 'threading', 'queue')))")
+    result = subprocess.run([sys.executable, "-S", "-c", code], env=base_env(False, PYTHONPATH=ROOT),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result
