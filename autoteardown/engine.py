@@ -115,10 +115,9 @@ def disarm() -> None:
     registry.on_record = None  # install() sets it again
     _patches.restore()
     exitstatus.untrack()
-    if "autoteardown.signals" in sys.modules:  # imported only if this process was armed
-        from . import signals
+    from . import signals
 
-        signals.uninstall()
+    signals.uninstall()
 
 
 def finalize(timeout: float | None = None, kinds=None, exit_code: int | None = None) -> None:

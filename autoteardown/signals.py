@@ -52,17 +52,17 @@ class _State:
         self.pending = False    # an unwind waits for the critical section to end
         self.raised = False     # our Stop was raised in the main thread
         self.watched = False    # the deadlines of rule 4 are set
-        self.on_signal: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
+        self.on_sigterm: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
         self.take_over: Callable[[int, float, str], None] | None = None  # the engine's rule 4
 
 
 _state = _State()
 
 
-def install(on_signal: Callable[[int], None], take_over: Callable[[int, float, str], None]) -> bool:
+def install(on_sigterm: Callable[[int], None], take_over: Callable[[int, float, str], None]) -> bool:
     """Route SIGTERM to us if its handler is the default (main thread only; False
     elsewhere: the engine asks again later) and start the helper thread."""
-    _state.on_signal, _state.take_over = on_signal, take_over
+    _state.on_sigterm, _state.take_over = on_sigterm, take_over
     threads.on_wakeup = _on_wakeup
     threads.start_helper()
     if threading.get_ident() != _state.main:
@@ -149,8 +149,8 @@ def _handler(signum: int, frame: object) -> None:
     if signal.getsignal(signum) is not _handler:
         return  # called by the handler that replaced ours: it decides
     record(signum)
-    if _state.on_signal is not None:
-        _state.on_signal(signum)
+    if _state.on_sigterm is not None:
+        _state.on_sigterm(signum)
     threads.wake()
     if not _state.raised and not _state.exiting:
         if _state.hold:
