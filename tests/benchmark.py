@@ -10,6 +10,9 @@
   teardown of the same resources (with ray.shutdown(), and without it: Ray's exit hook
   then flushes the actors' logs for 0.5 s, as with the shim) and against the script
   just ending without the shim (alternated, so that a busy machine slows all alike);
+- SIGTERM 0.3 s after a 100 MB async torch.distributed.checkpoint save, to the process
+  gone (tests/scripts/checkpoint_job.py): the shim against the same script waiting for the
+  save in its own SIGTERM handler (alternated);
 - exit time of a script whose DataLoader items take 3 s each (tests/scripts/slow_items_job.py),
   ending or raising after its first batch: the shim against no shim (alternated);
 - the registry after 10,000 iterators recorded and dropped: entries held and the
@@ -120,6 +123,25 @@ def all_resources_exit_time():
     return [statistics.median(times[mode]) * 1000 for mode in ("hand", "shim", "none", "hand-flush")]
 
 
+def checkpoint_sigterm_time():
+    """Median seconds from a SIGTERM mid-save to the process gone: (shim, by hand)."""
+    times = {"sigterm": [], "hand": []}
+    for _ in range(EXIT_RUNS):
+        for mode in times:
+            with tempfile.TemporaryDirectory() as folder:
+                proc = subprocess.Popen([sys.executable, str(SCRIPTS / "checkpoint_job.py"), folder, mode],
+                                        env=base_env(mode == "sigterm"), stdout=subprocess.PIPE, text=True)
+                for line in proc.stdout:  # to READY (or the end, should the script fail)
+                    if line.startswith("READY"):
+                        break
+                time.sleep(0.3)
+                sent = time.monotonic()
+                proc.terminate()
+                proc.communicate(timeout=120)
+                times[mode].append(time.monotonic() - sent)
+    return statistics.median(times["sigterm"]) * 1000, statistics.median(times["hand"]) * 1000
+
+
 def slow_items_exit_time(ending):
     """Median exit time (END to the end of the process) of slow_items_job.py: (shim, none)."""
     times = {True: [], False: []}
@@ -194,6 +216,10 @@ def main():
         rows.append((f"exit, 2 workers loading 3 s items ({ending} end): autoteardown", f"{shim_slow:.0f} ms",
                      f"x{shim_slow / none_slow:.2f} of no shim"))
         rows.append((f"exit, 2 workers loading 3 s items ({ending} end): no shim", f"{none_slow:.0f} ms", ""))
+    shim_save, hand_save = checkpoint_sigterm_time()
+    rows.append(("SIGTERM mid-save (100 MB async checkpoint) to process gone: autoteardown", f"{shim_save:.0f} ms",
+                 f"x{shim_save / hand_save:.2f} of by hand"))
+    rows.append(("the same, the script's own SIGTERM handler waiting for the save", f"{hand_save:.0f} ms", ""))
     (entries_100, bytes_100), (entries_10k, bytes_10k) = registry_memory()
     rows.append(("registry after 100 iterators recorded and dropped", f"{entries_100} entries", f"{bytes_100 / 1024:.1f} KiB"))
     rows.append(("registry after 10,000 iterators recorded and dropped", f"{entries_10k} entries",

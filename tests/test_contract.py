@@ -28,6 +28,8 @@ EXPECTED = {
     "distributed": {"torch.distributed.init_process_group", "torch.distributed.new_group",
                     "torch.distributed.distributed_c10d.init_process_group",
                     "torch.distributed.distributed_c10d.new_group"},
+    "checkpoint": {"torch.distributed.checkpoint.async_save",
+                   "torch.distributed.checkpoint.state_dict_saver.async_save"},
     "tensorboard": {"torch.utils.tensorboard.writer.SummaryWriter.__init__"},
     "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init", "wandb.sdk.wandb_run.Run.__exit__"},
     "mlflow": {"mlflow.tracking.fluent.ActiveRun.__exit__"},

@@ -56,6 +56,9 @@ TABLE = {
                          "DataLoader workers", Requirement("torch", "2.0"), Requirement("torchdata", "0.8")),
     "distributed": Integration("process_group", 15, ("torch.distributed",), "process groups",
                                Requirement("torch", "2.0")),
+    # A save in flight completes after the workers end (at once) and before the groups it gathers over.
+    "checkpoint": Integration("checkpoint", 12, ("torch.distributed.checkpoint",), "async checkpoint saves",
+                              Requirement("torch", "2.0")),
     "tensorboard": Integration("tensorboard", 25, ("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
                                Requirement("tensorboard", "2.0"), Requirement("tensorboardX", "2.0")),
     "wandb": Integration("wandb", 30, ("wandb",), "wandb runs", Requirement("wandb", "0.22", "0.32")),

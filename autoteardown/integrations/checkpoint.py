@@ -1,0 +1,76 @@
+"""torch.distributed.checkpoint: an async save still in flight completes before the process ends.
+
+`async_save` returns at once and a thread of the process writes the shards, then the
+`.metadata` file that makes the checkpoint loadable. A script that ends normally, raises or
+calls sys.exit() waits for it without us (concurrent.futures joins its thread at exit); a
+SIGTERM (a scheduler's stop) does not: the process dies with the checkpoint half written.
+The teardown waits for each save still in flight (its upload future), within the step's
+budget of AUTOTEARDOWN_TIMEOUT, after the DataLoader workers (which end at once) and before
+the process groups are destroyed (the save's last step gathers over the group). A save that
+cannot finish in its budget is left as it is, with one warning: its id, the bytes written,
+the time waited. A save the user waited for costs nothing. Covered: the thread checkpointer
+(the default); the process checkpointer's writer is another process, not waited for here.
+"""
+
+import os
+import time
+import weakref
+
+from .. import log, registry
+from ..patches import Patches
+from . import kind_of
+
+KIND = kind_of(__name__)
+WARN_S = 0.2
+_saves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # upload future -> checkpoint id
+
+
+def patch(patches: Patches) -> None:
+    from torch.distributed.checkpoint import state_dict_saver
+
+    if hasattr(state_dict_saver, "async_save"):  # torch.distributed.checkpoint binds it too
+        patches.rebind(state_dict_saver.async_save, _on_async_save, "torch.distributed.checkpoint")
+
+
+def _on_async_save(wrapped, instance, args, kwargs):
+    made = wrapped(*args, **kwargs)
+    try:  # the upload future of an AsyncSaveResponse, or the Future itself
+        future = getattr(made, "upload_completion", made)
+        writer = kwargs.get("storage_writer")
+        checkpoint = kwargs.get("checkpoint_id") or getattr(writer, "path", None)
+        if not future.done():
+            _saves[future] = None if checkpoint is None else str(checkpoint)
+            registry.record(KIND, future)
+    except Exception:
+        log.debug_exception("could not record an async checkpoint save")
+    return made
+
+
+def finalize_one(future, timeout: float) -> "str | None":
+    """Wait for the save to complete, at most `timeout` seconds."""
+    if future.done():
+        return None  # waited for by the user, or by concurrent.futures at exit
+    import concurrent.futures
+
+    started = time.monotonic()
+    try:  # a moment of the budget kept to say what is left, within it
+        future.result(max(0.0, timeout - WARN_S))
+    except concurrent.futures.TimeoutError:
+        checkpoint = _saves.get(future)
+        written = _bytes_written(checkpoint)
+        log.warning("checkpoint %s not complete after waiting %.1fs (%s written): left as it is",
+                    checkpoint or "(no id)", time.monotonic() - started,
+                    f"{written / 2**20:.0f} MB" if written is not None else "? bytes")
+        return "left incomplete"
+    return "saved"
+
+
+def _bytes_written(checkpoint) -> "int | None":
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(checkpoint) if entry.is_file())
+    except (OSError, TypeError):
+        return None
+
+
+def describe(future) -> str:
+    return f"async save of {_saves.get(future) or 'a checkpoint'}"
