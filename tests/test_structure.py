@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-import tomllib
+import pytest
 
 from helpers import ROOT, base_env
 
@@ -80,6 +80,7 @@ def readme_versions():
 
 def test_the_supported_versions_are_the_same_in_the_table_pyproject_and_the_readme():
     assert readme_versions() == {name: supported_range(name) for name in TABLE}
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     stated = {}
     for requirement in (r for name in TABLE for r in TABLE[name].requires):
