@@ -69,9 +69,6 @@ class Patches:
             self.missing.append(what)
             log.debug("not patched: %s has no %s (another release?)", _name(owner), name)
 
-    def __bool__(self) -> bool:
-        return bool(self._patched)
-
 
 def _name(owner: object) -> str:
     return str(getattr(owner, "__qualname__", getattr(owner, "__name__", owner)))

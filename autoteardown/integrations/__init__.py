@@ -81,17 +81,16 @@ def instrument(name: str, trigger: "str | None" = None) -> bool:
     process tree, and False). Idempotent: it patches again only for a trigger module whose
     import it was not patched for (torchdata's after torch's: a module is in sys.modules
     while it runs, so what is imported is told by the hooks, not by sys.modules)."""
-    integration = TABLE[name]
-    reason = unsupported_reason(name)
+    integration, done = TABLE[name], _triggered.get(name)
+    if done is not None and (trigger is None or trigger in done):
+        return True
+    reason = unsupported_reason(name)  # the installed versions' metadata: read once it matters
     if reason:
         log.warning_once("%s; %s are left alone", reason, integration.looks_after, tree=True)
         return False
-    done = _triggered.get(name)
-    if done is not None and (trigger is None or trigger in done):
-        return True
     import importlib
 
-    module = importlib.import_module(f"{__name__}.{name}")
+    module: "Module" = importlib.import_module(f"{__name__}.{name}")
     if name not in _patches and register_kind is not None:
         register_kind(integration.kind, integration.order, module.finalize_one,
                              getattr(module, "after_all", None), getattr(module, "in_child", None),
