@@ -69,7 +69,7 @@ def finalize_one(it, timeout: float) -> None:
     WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal"."""
     if getattr(it, "_shutdown", True):
         return
-    grace = min(WORKER_GRACE, timeout / 2)
+    grace, deadline = min(WORKER_GRACE, timeout / 2), time.monotonic() + timeout * 0.8
     try:
         # As torch does: the pin-memory thread first, since workers exiting can leave
         # half-written data in the queue it reads.
@@ -91,7 +91,9 @@ def finalize_one(it, timeout: float) -> None:
         if left:
             on_sigterm(it)
             for method in ("terminate", "kill"):
-                until = time.monotonic() + grace
+                # A SIGKILLed worker dies, if slowly on a loaded machine: wait for it while the
+                # budget lasts, so that torch's own joins (5 s each) find it gone.
+                until = time.monotonic() + grace if method == "terminate" else max(time.monotonic() + grace, deadline)
                 for w in left:
                     getattr(w, method)()
                 for w in left:
