@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import wandb_records
-from helpers import LOAD_MARGIN, ROOT, alive, free_port, kill_pids, run, wait_gone
+from helpers import LOAD_MARGIN, ROOT, alive, free_port, kill_pids, run, wait_gone, wait_until_empty
 from test_ray import reported
 
 GRACE = 5.0  # Ray's default grace: these clusters' workers do not get the test's environment
@@ -187,6 +187,18 @@ def test_a_hung_actor_on_the_other_node_is_gone_within_grace_plus_1s(two_nodes, 
     assert reported(result, "ALIVE") == [], result
     assert float(reported(result, "GONE_AFTER")[0]) <= bound, result  # the tight figure: tests/benchmark_ray.py
     assert reported(result, "BYSTANDER_ALIVE") == ["True"], result
+
+
+def test_an_actors_process_tree_on_the_other_node_ends_with_it(two_nodes, jobs):
+    # Its workers have no autoteardown: the task pinned there tells the tree by parent chain.
+    from test_ray_tree import GRACE, released, tree_job
+
+    result, tree, folder = tree_job(jobs, "terminate", RAY_ADDRESS=two_nodes, RAY_AUTH_MODE="disabled",
+                                    TREE_ON_NODE="second_node")
+    # The kill task needs a new worker there (the margin twice, as above).
+    assert wait_until_empty(lambda: alive(tree), within=2 * GRACE + 2 * LOAD_MARGIN) == [], result
+    assert released(folder), result
+    assert result.returncode == 0, result
 
 
 @pytest.mark.needs_torch

@@ -35,7 +35,8 @@ VARIABLES = (
      "the hook to call first (one you had set)", "none"),
 )
 # Set by autoteardown for the processes it starts; not for users to set.
-INTERNAL_VARIABLES = ("AUTOTEARDOWN_INTERNAL_VIA", "AUTOTEARDOWN_INTERNAL_WARNED", "AUTOTEARDOWN_NEXT_SETUP_HOOK")
+INTERNAL_VARIABLES = ("AUTOTEARDOWN_INTERNAL_VIA", "AUTOTEARDOWN_INTERNAL_WARNED", "AUTOTEARDOWN_NEXT_SETUP_HOOK",
+                      "AUTOTEARDOWN_INTERNAL_RAY_ACTOR")
 
 
 def _version():

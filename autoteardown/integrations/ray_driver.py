@@ -23,10 +23,11 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
+from .ray_reaper import descendants, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
-_known: dict = {}      # actor id -> its GCS record once ALIVE (pid, node)
+_known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
 
 
 def patch(patches: Patches) -> None:
@@ -63,7 +64,8 @@ def _learn(actor_id, delay, give_up=None):
             info = ray._private.state.actors(actor_id) or {}
         except Exception:  # GCS slow to answer (a loaded machine): ask again
             info = {}
-        if info.get("State") == "ALIVE" and info.get("Pid"):
+        if info.get("State") in ("ALIVE", "DEAD") and info.get("Pid"):  # dead already: its descendants may live
+            info["seen"] = time.time() if info["State"] == "ALIVE" else (info.get("EndTime") or 0) / 1000
             _known[actor_id] = info
         elif info.get("State") != "DEAD" and time.monotonic() < give_up:
             _learn(actor_id, min(2.0, delay * 1.5), give_up)
@@ -92,23 +94,26 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     requested_at = time.time()
     result = wrapped(*args, **kwargs)
-    try:
-        _forget(instance)  # it will not be asked to finalize: it is ending
-        terminated = _Ending(instance, requested_at)
-        registry.record(KIND, terminated)  # the exit waits for it (see finalize_collected)
-        threads.run_soon(terminated.locate)
-    except Exception:
-        log.debug_exception("could not watch the actor being terminated")
+    _watch_ending(instance, requested_at)
     return result
 
 
 def _on_kill(wrapped, instance, args, kwargs):
+    requested_at = time.time()
     result = wrapped(*args, **kwargs)
-    try:  # killed on purpose, with no teardown: nothing to ask it at exit
-        _forget(args[0] if args else kwargs.get("actor"))
-    except Exception:
-        log.debug_exception("could not forget a killed actor")
+    _watch_ending(args[0] if args else kwargs.get("actor"), requested_at)  # Ray kills it; its descendants are ours
     return result
+
+
+def _watch_ending(handle, requested_at):
+    """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone."""
+    try:
+        _forget(handle)
+        ending = _Ending(handle, requested_at)
+        registry.record(KIND, ending)  # the exit waits for it (see finalize_collected)
+        threads.run_soon(ending.locate)
+    except Exception:
+        log.debug_exception("could not watch the actor being ended")
 
 
 def _forget(actor):
@@ -136,19 +141,46 @@ def finalize_collected(timeout):
     handles = [o for o in objs if not isinstance(o, _Ending)]
     ids = [h._ray_actor_id.hex() for h in handles]
     live, now = set(ids) if ray_worker.stopped else armed(ids), time.time()
+    live |= _with_processes(set(ids) - live, now)
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
     try:
         for actor in ending:
             actor.locate()
-        until = min(deadline, max((actor.due for actor in ending), default=0.0) + 1.0)
+        # The actors' grace, then their descendants' (ray_reaper's rule).
+        until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
             time.sleep(0.05)
     finally:
         ray_worker.restore_ray_abort()
     idle = len(objs) - len(ending)
-    return f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
+    trees = [f"{actor.class_name} {actor.actor_id[:8]} (pid {actor.pid}): {actor.ended} descendant(s) ended"
+             for actor in ending if actor.ended]
+    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")]
+                     + trees)
+
+
+def _with_processes(actor_ids, now):
+    """Which of these actors (their records learned, on this node) have processes of their own, or
+    left some when they crashed: they are ended as the ones that recorded something, so that their
+    descendants end after them. Asks no GCS."""
+    if not actor_ids:
+        return set()
+    import ray
+
+    try:
+        here = ray.get_runtime_context().get_node_id()
+    except Exception:
+        return set()
+    found = set()
+    for actor_id in actor_ids:
+        info = _known.get(actor_id) or {}
+        pid, seen = info.get("Pid"), info.get("seen", now)
+        if pid and info.get("Address", {}).get("NodeID") == here and (descendants(pid, seen) or (
+                not kill_if_same_process(pid, seen, 0) and descendants(pid, seen, actor_id))):
+            found.add(actor_id)
+    return found
 
 
 def armed(actor_ids):
@@ -178,8 +210,13 @@ class _Ending:
         self.class_name = getattr(descriptor, "class_name", None) or "actor"
         self.requested_at = requested_at  # wall clock: compared on the actor's node
         self.signum, self.info = signum, info  # info: its GCS record, if _learn has it
+        # Its process is one created before this (wall clock): a later process at its pid is not it.
+        self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = None
+        self.tree: list = []     # its descendants: looked at when located, signalled once it is gone
+        self.tree_due = 0.0      # then: SIGKILL for what is left
+        self.ended = 0           # how many descendants were running when it was gone
         self.done = False
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
@@ -194,16 +231,19 @@ class _Ending:
         try:
             info = self.info or ray._private.state.actors(self.actor_id) or {}
             state, ended_ms, pid = info.get("State"), info.get("EndTime") or 0, info.get("Pid") or 0
-            # DEAD before our request (ended earlier): its pid may belong to someone else by now.
-            if pid <= 0 or state not in ("ALIVE", "DEAD") or (self.signum and state != "ALIVE") or (
-                    state == "DEAD" and 0 < ended_ms < (self.requested_at - 1.0) * 1000):
+            if pid <= 0 or state not in ("ALIVE", "DEAD"):
                 return self.finish()
+            if state == "DEAD" and ended_ms:  # a process at its pid created after that is not it
+                self.not_after = min(self.not_after, ended_ms / 1000)
             node_id = info.get("Address", {}).get("NodeID")
             if node_id and node_id != ray.get_runtime_context().get_node_id():
-                self.kill_task = _remote_kill_on(node_id).remote(
-                    pid, self.requested_at, self.requested_at + config.RAY_GRACE, self.signum)
-            elif self.signum:
-                _kill_if_same_process(pid, self.requested_at, self.signum)
+                self.kill_task = remote_kill_on(node_id).remote(
+                    pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
+                    config.RAY_GRACE)
+            else:
+                self.tree = descendants(pid, self.not_after)
+                if self.signum:
+                    kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
             self.watch()
         except Exception:
@@ -212,83 +252,56 @@ class _Ending:
 
     def watch(self):
         if not self.poll():
-            threads.alarm(max(self.due, time.monotonic() + 0.5), lambda: threads.run_soon(self.watch))
+            at = self.due if not self.tree_due else min(self.tree_due, time.monotonic() + 0.5)
+            threads.alarm(max(at, time.monotonic() + 0.5), lambda: threads.run_soon(self.watch))
 
     def poll(self):
-        """Done yet? Here: its process is gone, or the grace is over and it is killed. There:
-        the task has returned (or the grace is 30 s over)."""
-        import ray
-
+        """Done yet? Here: its process is gone (or the grace is over and it is killed), then its
+        descendants are (or their grace is over and they are killed). There: the task, which does
+        the same, has returned (or the grace is 30 s over)."""
         with self._lock:
             if self.done or not self.pid:
                 return self.done  # or still being located
             try:
-                killed = False
-                if self.kill_task is not None:
-                    ready, _ = ray.wait([self.kill_task], timeout=0)
-                    if not ready and time.monotonic() < self.due + 30:
-                        return False
-                    killed = ready and ray.get(ready[0], timeout=0)
-                elif time.monotonic() >= self.due:
-                    killed = _kill_if_same_process(self.pid, self.requested_at)
-                elif _kill_if_same_process(self.pid, self.requested_at, 0):  # signal 0: still there?
+                if not self.tree_due and not self._actor_gone():
                     return False
-                if killed:
-                    log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
-                                self.actor_id[:8], self.pid, time.time() - self.requested_at,
-                                "SIGTERM" if self.signum else "__ray_terminate__")
+                if self.tree:
+                    self.tree = signal_running(self.tree, 0)
+                    if self.tree and time.monotonic() < self.tree_due:
+                        return False
+                    signal_running(self.tree, signal.SIGKILL)
             except Exception:
                 log.debug_exception("reaping actor %s failed", self.actor_id[:8])
+            if self.ended:
+                log.debug("%s %s (pid %d): %d descendant(s) ended", self.class_name, self.actor_id[:8], self.pid,
+                          self.ended)
             self.finish()
             return True
+
+    def _actor_gone(self):
+        """Is the actor's process gone (killed at the grace)? Here, its descendants then get SIGTERM."""
+        import ray
+
+        killed = False
+        if self.kill_task is not None:
+            ready, _ = ray.wait([self.kill_task], timeout=0)
+            if not ready and time.monotonic() < self.due + 30:
+                return False
+            killed, self.ended = ray.get(ready[0], timeout=0) if ready else (False, 0)
+        else:
+            if time.monotonic() >= self.due:
+                killed = kill_if_same_process(self.pid, self.not_after)
+            elif kill_if_same_process(self.pid, self.not_after, 0):  # signal 0: still there?
+                return False
+            self.tree = signal_running(descendants(self.pid, self.not_after, self.actor_id, self.tree),
+                                       signal.SIGTERM)
+            self.ended, self.tree_due = len(self.tree), time.monotonic() + config.RAY_GRACE
+        if killed:
+            log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
+                        self.actor_id[:8], self.pid, time.time() - self.requested_at,
+                        "SIGTERM" if self.signum else "__ray_terminate__")
+        return True
 
     def finish(self):
         self.done = True
         registry.forget(self)
-
-
-def _make_kill_if_same_process():
-    # Nested, so that cloudpickle ships them by value: they also run in a zero-CPU task on
-    # the actor's node, where autoteardown may not be installed.
-    def kill_if_same_process(pid, not_after, signum=9):
-        """Send `signum` (SIGKILL) to `pid` if still the Ray worker that existed at `not_after`; 0 only asks."""
-        import os
-
-        import psutil
-
-        try:
-            process = psutil.Process(pid)
-            command = " ".join(process.cmdline())
-            # A reused pid belongs to a process created after the request.
-            if process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
-                    "ray::" not in command and "default_worker.py" not in command):
-                return False
-            os.kill(pid, signum)
-            return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
-            return False
-
-    def kill_when_due(pid, not_after, due, signum=None):
-        """Send `signum` now; at `due` (wall clock), kill `pid` if it is still there."""
-        import time
-
-        if signum:
-            kill_if_same_process(pid, not_after, signum)
-        while time.time() < due:
-            if not kill_if_same_process(pid, not_after, 0):
-                return False
-            time.sleep(0.05)
-        return kill_if_same_process(pid, not_after)
-
-    return kill_if_same_process, kill_when_due
-
-
-_kill_if_same_process, _kill_when_due = _make_kill_if_same_process()
-
-
-def _remote_kill_on(node_id):
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(_kill_when_due)
-    return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))

@@ -27,6 +27,7 @@ import time
 
 from .. import config, engine, importhook, log, registry, signals, threads
 from ..patches import Patches
+from . import ray_reaper
 
 TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
 TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
@@ -41,6 +42,7 @@ stopped = False   # a SIGTERM came while something was recorded (ray_driver: end
 _tearing = False  # the teardown has begun
 _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
+_marked = False   # ray_reaper.mark() was called (or this is no actor)
 
 
 def patch(patches: Patches) -> None:
@@ -159,6 +161,8 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
     def run_method(*method_args, **method_kwargs):
         global _in_method
+        if not _marked:
+            _mark()
         main = threading.get_ident() == _main
         _in_method += main
         try:
@@ -172,6 +176,19 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
     run_method.name, run_method.method = executor.name, executor.method  # Ray reads them
     return run_method
+
+
+def _mark():
+    """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py)."""
+    global _marked
+    _marked = True
+    try:
+        if _in_actor():
+            import ray
+
+            ray_reaper.mark(ray._private.worker.global_worker.actor_id.hex())
+    except Exception:
+        log.debug_exception("could not mark this actor's environment")
 
 
 def _on_actor_exit(wrapped, instance, args, kwargs):

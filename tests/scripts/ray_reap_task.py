@@ -8,7 +8,7 @@ import ray
 
 from procs import running
 
-from autoteardown.integrations.ray_driver import _remote_kill_on
+from autoteardown.integrations.ray_reaper import remote_kill_on
 
 ray.init()
 
@@ -30,6 +30,10 @@ print("PIDS:", pid, flush=True)
 requested_at = time.time()
 actor.__ray_terminate__.remote()
 time.sleep(1)
-print("KILLED:", ray.get(_remote_kill_on(node_id).remote(pid, requested_at, time.time()), timeout=60))
-time.sleep(0.5)
+killed, _ = ray.get(remote_kill_on(node_id).remote(pid, requested_at, time.time()), timeout=60)
+print("KILLED:", killed)
+# A SIGKILLed worker takes a moment to end (its threads, its mappings): poll, within a bound.
+gone_by = time.monotonic() + 10
+while running(pid) and time.monotonic() < gone_by:
+    time.sleep(0.05)
 print("ALIVE:", *[pid] if running(pid) else [], flush=True)

@@ -1,0 +1,137 @@
+"""Ending an actor's processes on its node: the actor, when it outlives its grace, and what it started.
+
+The rule: when an actor's process ends, no process it started is left running. Its descendants,
+however deep and whatever their session or process group, get SIGTERM once the actor is gone (an
+engine releases its devices in its own handler; the actor's own teardown still had them) and
+SIGKILL AUTOTEARDOWN_RAY_GRACE_S later. A process is the actor's if it was under the actor by
+parent chain when the actor was told to end, or if it carries the actor's id in its environment
+(MARKER: set in the actor when its class is loaded, inherited by whatever it starts, and kept by a
+process its parent's death left with PID 1), and in both cases was created after the actor.
+Every signal first checks the process's creation time, so a reused pid is never signalled.
+
+Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
+(RAY_process_group_cleanup_enabled) miss anything started in a new session. What is left is ours.
+
+`_make()` builds the functions so that cloudpickle ships them by value: they also run in a
+zero-CPU task on the actor's node, where autoteardown may not be installed.
+"""
+
+import os
+
+MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
+
+
+def mark(actor_id: str) -> None:
+    """In the actor: what it starts from now on carries its id (the environment is inherited)."""
+    os.environ[MARKER] = actor_id
+
+
+def _make():
+    def kill_if_same_process(pid, not_after, signum=9):
+        """Send `signum` (SIGKILL) to `pid` if still the Ray worker that existed at `not_after`; 0 only asks."""
+        import os
+
+        import psutil
+
+        try:
+            process = psutil.Process(pid)
+            command = " ".join(process.cmdline())
+            # A reused pid belongs to a process created after the request.
+            if process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
+                    "ray::" not in command and "default_worker.py" not in command):
+                return False
+            os.kill(pid, signum)
+            return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            return False
+
+    def descendants(pid, not_after, actor_id=None, known=()):
+        """(pid, creation time) of the actor's processes (the module's rule) and of `known` (an
+        earlier look); the actor is `pid` if it existed at `not_after`."""
+        import psutil
+
+        found = dict(known)
+        born = 0.0
+        try:
+            root = psutil.Process(pid)
+            if root.create_time() <= not_after:  # not a reused pid
+                born = root.create_time()
+                for child in root.children(recursive=True):
+                    found[child.pid] = child.create_time()
+        except psutil.Error:  # gone: its id and the earlier look tell its processes
+            pass
+        for child_pid, created in known:
+            found.setdefault(child_pid, created)
+        if actor_id:
+            for process in psutil.process_iter():
+                try:
+                    if process.pid == pid or process.pid in found or process.create_time() < born:
+                        continue
+                    if process.environ().get(MARKER) == actor_id:
+                        found[process.pid] = process.create_time()
+                except psutil.Error:
+                    pass
+        return sorted(found.items())
+
+    def signal_running(tree, signum):
+        """Send `signum` to each process of `tree` still running as itself (0: none); those still running."""
+        import os
+
+        import psutil
+
+        running = []
+        for pid, created in tree:
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() != created or process.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if signum:
+                    os.kill(pid, signum)
+                running.append((pid, created))
+            except (psutil.Error, ProcessLookupError):
+                pass
+        return running
+
+    def end_tree(tree, grace):
+        """SIGTERM, then SIGKILL after `grace` what is still running; how many were running."""
+        import time
+
+        running = signal_running(tree, 15)
+        until = time.monotonic() + grace
+        left = running
+        while left and time.monotonic() < until:
+            time.sleep(0.05)
+            left = signal_running(left, 0)
+        signal_running(left, 9)
+        return len(running)
+
+    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0):
+        """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
+        then end its descendants. (Was it killed, how many descendants were ended.)"""
+        import time
+
+        tree = descendants(pid, not_after)
+        if signum:
+            kill_if_same_process(pid, not_after, signum)
+        killed = False
+        while time.time() < due:
+            if not kill_if_same_process(pid, not_after, 0):
+                break
+            time.sleep(0.05)
+        else:
+            killed = kill_if_same_process(pid, not_after)
+        return killed, end_tree(descendants(pid, not_after, actor_id, tree), grace)
+
+    return kill_if_same_process, descendants, signal_running, kill_when_due
+
+
+kill_if_same_process, descendants, signal_running, kill_when_due = _make()
+
+
+def remote_kill_on(node_id):
+    """`kill_when_due` as a zero-CPU task pinned to that node."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(kill_when_due)
+    return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))

@@ -1,0 +1,105 @@
+"""An actor that starts a process tree, the shape of an inference engine (vLLM's EngineCore
+and its workers), then is busy in a method; the job ends one way. Usage:
+ray_tree_job.py ENDING [RECORD] (RECORD=record: the actor also records a resource, so it
+has something of its own to tear down).
+
+The tree: a `multiprocessing` spawn child (the engine core) that starts a grandchild in a
+new session (a worker; it ends on SIGTERM writing "released" to TREE_DIR/<pid>), and a
+`subprocess` child that starts a grandchild (same session). The driver also starts a
+process of its own (BYSTANDER), which no ending may touch.
+
+ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTERM),
+shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
+(`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
+(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait).
+
+TREE_ON_NODE: the actor goes to the node with that custom resource (RAY_ADDRESS: a cluster).
+Prints ACTOR: pid, TREE: the tree's pids, BYSTANDER: pid, READY once busy."""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+
+import ray
+
+ENDING = sys.argv[1]
+RECORD = len(sys.argv) > 2 and sys.argv[2] == "record"
+GRACE = float(os.environ.get("AUTOTEARDOWN_RAY_GRACE_S", "3"))
+SLEEPER = "import time\nwhile True: time.sleep(0.1)"
+RELEASING = f"""import os, signal, sys, time
+open(os.path.join(os.environ["TREE_DIR"], "started"), "w").close()
+def released(*_):
+    open(os.path.join(os.environ["TREE_DIR"], str(os.getpid())), "w").write("released")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, released)
+{SLEEPER}"""
+
+
+def say(text):
+    sys.stdout.write(text + "\n")  # one write: Ray forwards each write as lines of its own
+    sys.stdout.flush()
+
+
+class Kept:
+    pass
+
+
+@ray.remote(num_cpus=0)
+class Engine:
+    def start(self):
+        import atexit
+
+        if ENDING == "hang":
+            atexit.register(time.sleep, 1000)
+        if RECORD:
+            from autoteardown import engine, registry
+
+            engine.register_kind("kept", 5, lambda obj, timeout: None)
+            self.kept = Kept()
+            registry.record("kept", self.kept)
+        import psutil
+
+        # The engine core: a spawn child (it runs Python that starts the worker in a new session).
+        core = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {RELEASING!r}], start_new_session=True)\n"
+        self.core = multiprocessing.get_context("spawn").Process(
+            target=subprocess.call, args=([sys.executable, "-c", core + SLEEPER],), daemon=True)
+        self.core.start()
+        # A helper and its own child, in this session.
+        helper = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+        self.helper = subprocess.Popen([sys.executable, "-c", helper + SLEEPER])
+        while not (os.path.exists(os.path.join(os.environ["TREE_DIR"], "started"))
+                   and psutil.Process(self.helper.pid).children()):
+            time.sleep(0.05)
+        return os.getpid(), [p.pid for p in psutil.Process().children(recursive=True)]
+
+    def busy(self):
+        if ENDING == "crash":
+            os._exit(1)
+        while True:
+            time.sleep(0.1)
+
+
+local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}
+ray.init(**local)
+bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# TREE_ON_NODE: a custom resource only another node of the cluster has.
+placement = {"resources": {os.environ["TREE_ON_NODE"]: 0.01}} if os.environ.get("TREE_ON_NODE") else {}
+engine = Engine.options(runtime_env={"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}, **placement).remote()
+pid, tree = ray.get(engine.start.remote())
+say(f"ACTOR: {pid}\nTREE: {' '.join(map(str, tree))}\nBYSTANDER: {bystander.pid}")
+busy = engine.busy.remote()
+time.sleep(1)  # the method is running
+say("READY")
+if ENDING == "sigterm":
+    time.sleep(600)
+elif ENDING == "shutdown":
+    ray.shutdown()
+elif ENDING in ("terminate", "hang"):
+    engine.__ray_terminate__.remote()
+elif ENDING == "kill":
+    ray.kill(engine)
+if ENDING != "end":
+    time.sleep(2 * GRACE)
+say("DONE")

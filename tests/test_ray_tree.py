@@ -1,0 +1,86 @@
+"""An actor's process tree ends with it (integrations/ray_reaper.py): an actor starts an
+engine-shaped tree (a multiprocessing spawn child whose process starts a worker in a new
+session; a subprocess child with a child of its own: tests/scripts/ray_tree_job.py), then
+is busy, and the job ends one way. Nothing of the tree runs 2 x grace after the ending, the
+new-session worker got SIGTERM first (it writes "released"), the driver's own process
+(BYSTANDER) is never signalled, and the driver's status is what it is without the shim."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from helpers import LOAD_MARGIN, alive, tracebacks, wait_for_line, wait_until_empty
+
+pytest.importorskip("ray")
+GRACE = 2.0
+# Ray's exit of an actor that has children can hang in its interpreter's last garbage
+# collection (without the shim too): the reaper kills it at the grace, in one line.
+REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
+ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash"]
+
+
+def tree_job(jobs, ending, shim=True, **env):
+    """Run the job to its `ending`; (result, the tree's pids and the actor's, the tree folder)."""
+    folder = jobs.dir / "tree"
+    folder.mkdir(exist_ok=True)
+    name, _, record = ending.partition("-")
+    proc = jobs.start("ray_tree_job.py", name, *[record] if record else [], shim=shim,
+                      env={"TREE_DIR": folder, "AUTOTEARDOWN_RAY_GRACE_S": GRACE, **env})
+    _, before = wait_for_line(proc, "READY", timeout=180)
+    if name == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    result = jobs.finish(proc, timeout=120, before=before)
+    tree = [int(p) for p in re.search(r"^TREE:(.*)$", result.stdout, re.M).group(1).split()]
+    actor = [int(p) for p in re.findall(r"^ACTOR: (\d+)", result.stdout, re.M)]
+    jobs.track(tree)  # killed at cleanup whatever happens (the worker is in a session of its own)
+    return result, actor + tree, folder
+
+
+def released(folder):
+    return [name for name in os.listdir(folder) if name.isdigit()]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_nothing_an_actor_started_outlives_it(jobs, ending):
+    result, tree, folder = tree_job(jobs, ending)
+    assert wait_until_empty(lambda: alive(tree), within=2 * GRACE + LOAD_MARGIN) == [], result
+    assert released(folder), result  # SIGTERM first: the new-session worker ran its handler
+    (bystander,) = [int(p) for p in re.findall(r"^BYSTANDER: (\d+)", result.stdout, re.M)]
+    assert alive([bystander]) == [bystander], result  # the driver's own process is never signalled
+    if ending == "sigterm":
+        assert result.returncode != 0, result  # Ray's status for a stopped driver, as without the shim
+    else:
+        assert result.returncode == 0, result
+    assert tracebacks(REAPED.sub("", result.stderr)) == 0 and "autoteardown:" not in REAPED.sub("", result.stderr), result
+
+
+@pytest.mark.baseline
+@pytest.mark.parametrize("ending", ["end", "sigterm", "crash"])
+def test_without_the_shim_an_actors_grandchildren_are_left(jobs, ending):
+    result, tree, _ = tree_job(jobs, ending, shim=False)
+    left = wait_until_empty(lambda: alive(tree), within=2 * GRACE + LOAD_MARGIN)
+    print(f"without the shim ({ending}): {len(left)} of {len(tree)} of the actor's processes left")
+    assert left, result
+
+
+def test_a_process_that_is_not_the_actors_is_never_signalled():
+    from autoteardown.integrations.ray_reaper import descendants, signal_running
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        created = psutil.Process(stranger.pid).create_time()
+        # Its pid taken by a later process: the earlier look's creation time does not match.
+        assert signal_running([(stranger.pid, created - 1.0)], signal.SIGTERM) == []
+        # An actor "pid" created after the request is a reused pid: none of its children are its.
+        assert descendants(os.getpid(), not_after=psutil.Process().create_time() - 1) == []
+        assert stranger.poll() is None
+        assert (stranger.pid, created) in descendants(os.getpid(), not_after=time.time())
+    finally:
+        stranger.kill()
+        stranger.wait(10)
