@@ -9,6 +9,7 @@ Each script starts its own local Ray (num_cpus=2) in a subprocess."""
 
 import importlib.util
 import json
+import re
 import signal
 import time
 
@@ -32,10 +33,10 @@ def ranks(out_dir):
     return found
 
 
-def train(jobs, mode, shim=True, v2=True, stop=False):
+def train(jobs, mode, shim=True, v2=True, stop=False, **extra):
     out = jobs.dir / "ranks"
     out.mkdir()
-    env = {"OUT_DIR": out, "RAY_TRAIN_V2_ENABLED": "1" if v2 else "0"}
+    env = {"OUT_DIR": out, "RAY_TRAIN_V2_ENABLED": "1" if v2 else "0", **extra}
     proc = jobs.start("ray_train_job.py", mode, shim=shim, env=env)
     started = time.monotonic()
     before = ""
@@ -64,6 +65,18 @@ def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
     assert "FIT: ok" in result.stdout, result
     assert len(found) == 2, result
     assert rank0_run(jobs, result) == (STEPS, [0]), result
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+@needs_v2
+def test_a_train_workers_processes_end_with_the_worker_group(jobs):
+    # Each rank starts a process that starts one in a new session: the worker group's
+    # shutdown (shutdown(), then ray.kill) ends them with their worker, while the driver
+    # still runs (ray_reaper's rule, applied by the controller that holds the workers).
+    result, found, pids = train(jobs, "tree", AUTOTEARDOWN_RAY_GRACE_S="2")
+    assert "FIT: ok" in result.stdout, result
+    assert len(found) == 2, result
+    assert re.search(r"^TREE_LEFT: *$", result.stdout, re.M), result
     assert wait_gone(pids, within=10.0) == [], result
 
 

@@ -5,6 +5,7 @@ is busy, and the job ends one way. Nothing of the tree runs 2 x grace after the 
 new-session worker got SIGTERM first (it writes "released"), the driver's own process
 (BYSTANDER) is never signalled, and the driver's status is what it is without the shim."""
 
+import json
 import os
 import re
 import signal
@@ -31,7 +32,8 @@ def tree_job(jobs, ending, shim=True, **env):
     folder.mkdir(exist_ok=True)
     name, _, record = ending.partition("-")
     proc = jobs.start("ray_tree_job.py", name, *[record] if record else [], shim=shim,
-                      env={"TREE_DIR": folder, "AUTOTEARDOWN_RAY_GRACE_S": GRACE, **env})
+                      env={"TREE_DIR": folder, "AUTOTEARDOWN_RAY_GRACE_S": GRACE,
+                           "AUTOTEARDOWN_REPORT": jobs.dir / "report.jsonl", **env})
     _, before = wait_for_line(proc, "READY", timeout=180)
     if name == "sigterm":
         proc.send_signal(signal.SIGTERM)
@@ -40,6 +42,14 @@ def tree_job(jobs, ending, shim=True, **env):
     actor = [int(p) for p in re.findall(r"^ACTOR: (\d+)", result.stdout, re.M)]
     jobs.track(tree)  # killed at cleanup whatever happens (the worker is in a session of its own)
     return result, actor + tree, folder
+
+
+def reported_trees(jobs):
+    """The outcomes in the teardown reports that name an actor's descendants ended."""
+    path = jobs.dir / "report.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return [step["outcome"] for line in lines for step in line.get("steps", [])
+            if "descendant(s) ended" in step["outcome"]]
 
 
 def released(folder):
@@ -53,6 +63,9 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
     assert released(folder), result  # SIGTERM first: the new-session worker ran its handler
     (bystander,) = [int(p) for p in re.findall(r"^BYSTANDER: (\d+)", result.stdout, re.M)]
     assert alive([bystander]) == [bystander], result  # the driver's own process is never signalled
+    if ending in ("end", "end-record", "sigterm", "crash"):  # ended by the driver's exit: in its report
+        assert any(re.search(r"Engine \w{8} \(pid \d+\): \d+ descendant\(s\) ended", outcome)
+                   for outcome in reported_trees(jobs)), (reported_trees(jobs), result)
     if ending == "sigterm":
         assert result.returncode != 0, result  # Ray's status for a stopped driver, as without the shim
     else:

@@ -214,7 +214,7 @@ class _Ending:
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = None
-        self.tree: list = []     # its descendants: looked at when located, signalled once it is gone
+        self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
         self.done = False

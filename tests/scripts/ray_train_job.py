@@ -1,11 +1,14 @@
 """A Ray Train job: a TorchTrainer with 2 CPU workers whose train function keeps
 a StatefulDataLoader iterator (2 workers) on a long-lived object and logs 10
 steps to wandb (offline) on rank 0, never calling finish(). Usage:
-ray_train_job.py return|raise|hang|other-rank-raises
+ray_train_job.py return|raise|hang|other-rank-raises|tree
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
 their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
 raises once rank 0 has logged 6 steps; rank 0 logs one each batch, waiting in
-next() for its slow dataset.) Legacy v1 reserves a CPU for its trainer actor:
+next() for its slow dataset; tree: each rank also starts a process that starts one in a
+new session, as an inference engine would, and returns; the driver then waits for every
+rank's children to be gone, up to 2 x AUTOTEARDOWN_RAY_GRACE_S + 10 s, and prints
+"TREE_LEFT: pids" before it ends.) Legacy v1 reserves a CPU for its trainer actor:
 the workers take half a CPU each.
 
 Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
@@ -77,6 +80,16 @@ def train_func():
     import torch.distributed
 
     torch.distributed.barrier()  # both ranks have done their steps (rank 0 its wandb.init)
+    if MODE == "tree":
+        import subprocess
+
+        sleeper = "import time\nwhile True: time.sleep(0.1)"
+        engine = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {sleeper!r}], start_new_session=True)\n"
+        import psutil
+
+        helper = subprocess.Popen([sys.executable, "-c", engine + sleeper])
+        while not psutil.Process(helper.pid).children():
+            time.sleep(0.05)
     write_rank(rank)
     if MODE == "raise" and rank == 0:
         raise RuntimeError("the training function failed")
@@ -96,3 +109,19 @@ try:
     print("FIT: ok", flush=True)
 except Exception as exc:
     print("FIT: failed", type(exc).__name__, flush=True)
+if MODE == "tree":
+    import json
+
+    import psutil
+
+    def left():
+        pids = []
+        for name in os.listdir(os.environ["OUT_DIR"]):
+            if name.startswith("rank") and not name.endswith(".tmp"):
+                pids += json.load(open(os.path.join(os.environ["OUT_DIR"], name)))["children"]
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    until = time.monotonic() + 2 * float(os.environ.get("AUTOTEARDOWN_RAY_GRACE_S", "5")) + 10
+    while left() and time.monotonic() < until:
+        time.sleep(0.1)
+    print("TREE_LEFT:", *left(), flush=True)
