@@ -97,3 +97,22 @@ def test_a_process_that_is_not_the_actors_is_never_signalled():
     finally:
         stranger.kill()
         stranger.wait(10)
+
+
+def test_a_restarted_actors_processes_are_not_the_ended_ones():
+    # A restarted actor keeps its id: what carries it but was created after the actor was
+    # seen gone is the new one's. (A pid no process has: the actor is gone.)
+    from autoteardown.integrations.ray_reaper import MARKER, clock, descendants
+
+    gone_at = clock()
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, MARKER: "0123abcd"})
+    try:
+        created = psutil.Process(marked.pid).create_time()
+        assert (marked.pid, created) not in descendants(2**22 + 1, gone_at, "0123abcd", gone_at=gone_at)
+        while clock() < created + 0.05:  # gone well after it started: it is the ended actor's
+            time.sleep(0.01)
+        assert (marked.pid, created) in descendants(2**22 + 1, gone_at, "0123abcd", gone_at=clock())
+    finally:
+        marked.kill()
+        marked.wait(10)

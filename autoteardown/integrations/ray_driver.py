@@ -23,7 +23,7 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import descendants, kill_if_same_process, remote_kill_on, signal_running
+from .ray_reaper import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -101,7 +101,11 @@ def _on_actor_method_call(wrapped, instance, args, kwargs):
 def _on_kill(wrapped, instance, args, kwargs):
     requested_at = time.time()
     result = wrapped(*args, **kwargs)
-    _watch_ending(args[0] if args else kwargs.get("actor"), requested_at)  # Ray kills it; its descendants are ours
+    actor = args[0] if args else kwargs.get("actor")
+    if (args[1] if len(args) > 1 else kwargs.get("no_restart", True)):  # Ray kills it; its descendants are ours
+        _watch_ending(actor, requested_at)
+    else:  # it restarts under the same id: nothing of it has ended for good
+        _forget(actor)
     return result
 
 
@@ -178,7 +182,7 @@ def _with_processes(actor_ids, now):
         info = _known.get(actor_id) or {}
         pid, seen = info.get("Pid"), info.get("seen", now)
         if pid and info.get("Address", {}).get("NodeID") == here and (descendants(pid, seen) or (
-                not kill_if_same_process(pid, seen, 0) and descendants(pid, seen, actor_id))):
+                not kill_if_same_process(pid, seen, 0) and descendants(pid, seen, actor_id, gone_at=clock()))):
             found.add(actor_id)
     return found
 
@@ -293,7 +297,7 @@ class _Ending:
                 killed = kill_if_same_process(self.pid, self.not_after)
             elif kill_if_same_process(self.pid, self.not_after, 0):  # signal 0: still there?
                 return False
-            self.tree = signal_running(descendants(self.pid, self.not_after, self.actor_id, self.tree),
+            self.tree = signal_running(descendants(self.pid, self.not_after, self.actor_id, self.tree, clock()),
                                        signal.SIGTERM)
             self.ended, self.tree_due = len(self.tree), time.monotonic() + config.RAY_GRACE
         if killed:

@@ -5,8 +5,9 @@ however deep and whatever their session or process group, get SIGTERM once the a
 engine releases its devices in its own handler; the actor's own teardown still had them) and
 SIGKILL AUTOTEARDOWN_RAY_GRACE_S later. A process is the actor's if it was under the actor by
 parent chain when the actor was told to end, or if it carries the actor's id in its environment
-(MARKER: set in the actor when its class is loaded, inherited by whatever it starts, and kept by a
-process its parent's death left with PID 1), and in both cases was created after the actor.
+(MARKER: set in the actor before its first method, inherited by whatever it starts, and kept by a
+process its parent's death left with PID 1), and in both cases was created after the actor (and,
+for the id, before it was gone: a restarted actor keeps its id).
 Every signal first checks the process's creation time, so a reused pid is never signalled.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
@@ -45,9 +46,24 @@ def _make():
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             return False
 
-    def descendants(pid, not_after, actor_id=None, known=()):
+    def clock():
+        """Now, on the clock of psutil's creation times (boot time, whole seconds, plus uptime):
+        a process started after a reading never shows an earlier creation time, as it can against
+        time.time()."""
+        import time
+
+        import psutil
+
+        try:
+            return psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
+        except (AttributeError, OSError):  # no CLOCK_BOOTTIME (not Linux)
+            return time.time()
+
+    def descendants(pid, not_after, actor_id=None, known=(), gone_at=None):
         """(pid, creation time) of the actor's processes (the module's rule) and of `known` (an
-        earlier look); the actor is `pid` if it existed at `not_after`."""
+        earlier look); the actor is `pid` if it existed at `not_after`. A marked process created
+        after `gone_at` (when the actor was seen gone, on `clock()`) is a restarted actor's (same
+        id), not its."""
         import psutil
 
         found = dict(known)
@@ -65,10 +81,13 @@ def _make():
         if actor_id:
             for process in psutil.process_iter():
                 try:
-                    if process.pid == pid or process.pid in found or process.create_time() < born:
+                    created = process.create_time()
+                    # Creation times are whole clock ticks (10 ms): one tick before `gone_at` is after it.
+                    if process.pid == pid or process.pid in found or created < born or (
+                            gone_at is not None and created > gone_at - 0.01):
                         continue
                     if process.environ().get(MARKER) == actor_id:
-                        found[process.pid] = process.create_time()
+                        found[process.pid] = created
                 except psutil.Error:
                     pass
         return sorted(found.items())
@@ -120,12 +139,12 @@ def _make():
             time.sleep(0.05)
         else:
             killed = kill_if_same_process(pid, not_after)
-        return killed, end_tree(descendants(pid, not_after, actor_id, tree), grace)
+        return killed, end_tree(descendants(pid, not_after, actor_id, tree, clock()), grace)
 
-    return kill_if_same_process, descendants, signal_running, kill_when_due
+    return kill_if_same_process, clock, descendants, signal_running, kill_when_due
 
 
-kill_if_same_process, descendants, signal_running, kill_when_due = _make()
+kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
 
 
 def remote_kill_on(node_id):
