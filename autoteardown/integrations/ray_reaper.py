@@ -76,8 +76,6 @@ def _make():
                     found[child.pid] = child.create_time()
         except psutil.Error:  # gone: its id and the earlier look tell its processes
             pass
-        for child_pid, created in known:
-            found.setdefault(child_pid, created)
         if actor_id:
             for process in psutil.process_iter():
                 try:
