@@ -80,14 +80,16 @@ def test_fork_child_exit_kills_the_parents_workers_without_the_shim(jobs):
     assert "killed by signal: Terminated" in result.stderr, result
 
 
-@pytest.mark.parametrize("ending, status", [("normal", 0), ("raise", 1)])
-def test_the_exit_never_waits_for_an_item_being_loaded(jobs, ending, status):
-    # Items take 60 s and the budget is 30 s: a wait for the item (or for half the budget)
-    # would hold the exit far past the bound, which is the workers' grace and the margin.
+@pytest.mark.parametrize("ending, status, held", [("normal", 0, False), ("raise", 1, False), ("normal", 0, True)],
+                         ids=["normal", "raise", "a worker dies holding the done event's lock"])
+def test_the_exit_never_waits_for_an_item_being_loaded(jobs, ending, status, held):
+    # Items take 60 s and the budget is 30 s: a wait for the item (or for half the budget), or
+    # for a lock an ended worker took with it, would hold the exit far past the bound, which is
+    # the workers' grace and the margin.
     from autoteardown.integrations import torch as integration
 
     grace = getattr(integration, "WORKER_GRACE", 0.5)
-    result = jobs.run("slow_items_job.py", 60, ending, env={"AUTOTEARDOWN_TIMEOUT": 30})
+    result = jobs.run("slow_items_job.py", 60, ending, *["held"] * held, env={"AUTOTEARDOWN_TIMEOUT": 30})
     assert result.returncode == status, result
     assert "killed by signal" not in result.stderr and noise(result.stderr) == [], result
     assert tracebacks(result.stderr) == (ending == "raise"), result

@@ -66,7 +66,12 @@ def finalize_one(it, timeout: float) -> None:
     loaded dies with it. An idle worker (no task outstanding) leaves by itself
     within WORKER_GRACE; a busy one is SIGTERMed as multiprocessing would at exit (torch's
     worker handler makes a SIGTERM from its parent a quiet exit 0), SIGKILLed after
-    WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal"."""
+    WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal".
+
+    A worker ended so can die holding a lock it shares with this process: the done event's, which
+    it takes to read the event; torch's shutdown sets the event again and would wait on that lock
+    for ever. The event is set before any worker is signalled, so torch's shutdown is handed an
+    already-set event of this process's own: the workers keep theirs."""
     if getattr(it, "_shutdown", True):
         return
     grace, deadline = min(WORKER_GRACE, timeout / 2), time.monotonic() + timeout * 0.8
@@ -79,6 +84,7 @@ def finalize_one(it, timeout: float) -> None:
             it._worker_result_queue.put((None, None))
             thread.join(grace)
         it._workers_done_event.set()
+        it._workers_done_event = _set_event()  # from here on this process never takes the shared lock
         for worker_id, _ in enumerate(it._workers):
             if it._persistent_workers or it._workers_status[worker_id]:
                 it._mark_worker_as_unavailable(worker_id, shutdown=True)
@@ -103,6 +109,14 @@ def finalize_one(it, timeout: float) -> None:
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
+
+
+def _set_event():
+    import threading
+
+    event = threading.Event()
+    event.set()
+    return event
 
 
 def describe(it) -> str:
