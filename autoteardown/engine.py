@@ -140,7 +140,7 @@ def _finalize(deadline: float, only=None, exit_code: int | None = None, why: str
     stop: "list[BaseException]" = []
     state.finalizer = _thread.get_ident()
     exitstatus.hand_on(exit_code)
-    outcome, interrupted = _in_runner(_run_steps, (deadline, only, stop, why), deadline + 1.0, "the teardown")
+    outcome, interrupted, _ = _in_runner(_run_steps, (deadline, only, stop, why), deadline + 1.0, "the teardown")
     if outcome and isinstance(outcome[0], BaseException):
         log.debug_exception("finalize failed", exc_info=outcome[0])
     if interrupted is not None:
@@ -195,15 +195,18 @@ def _wait(done, until: float, what: str):
 
 def _in_runner(func, args: tuple, until: float, what: str):
     """func(*args) in a runner thread, waited for until `until`: ([its result or exception],
-    or [] while it runs on; what stopped the wait). With no thread to be had it runs
-    inline, and should it hang, the process ends with its status a second after `until`."""
+    or [] while it runs on; what stopped the wait; [the runner's ident]). With no thread to be
+    had it runs inline, and should it hang, the process ends with its status a second after `until`."""
     from . import signals, threads
+
+    runner: list = []
 
     outcome: list = []
     done, stepping = _thread.allocate_lock(), _state.stepping
     done.acquire()
 
     def run() -> None:
+        runner.append(_thread.get_ident())
         stepping.add(_thread.get_ident())
         try:
             outcome.append(func(*args))
@@ -214,28 +217,48 @@ def _in_runner(func, args: tuple, until: float, what: str):
             done.release()
 
     if threads.submit(run):
-        return outcome, _wait(done, until, what)
+        return outcome, _wait(done, until, what), runner
     guard = threads.alarm(until + 1.0, lambda: signals.end_process(code=exitstatus.ending()[0]))
     try:
         run()
     finally:
         threads.cancel(guard)
-    return outcome, None
+    return outcome, None, runner
 
 
 def _run_bounded(kind: str, obj, func, budget: float) -> None:
     """Run one step in a runner thread and wait at most `budget` seconds for it."""
     started = time.monotonic()
-    outcome, _ = _in_runner(func, (budget,) if obj is None else (obj, budget), started + budget, kind)
+    outcome, _, runner = _in_runner(func, (budget,) if obj is None else (obj, budget), started + budget, kind)
     elapsed, name = time.monotonic() - started, _name(kind, obj)
     result = outcome[0] if outcome else "left behind"
     if not outcome:
-        log.warning("%s: still running after %.1fs; left behind", name, elapsed)
+        log.warning("%s: still running after %.1fs%s; left behind", name, elapsed, _where(runner))
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
         log.warning("%s: %s: %s", name, type(result).__name__, result)
         log.debug_exception("%s failed", name, exc_info=result)
         result = f"failed: {type(result).__name__}: {result}"
     _report("step", kind, obj, result if isinstance(result, str) else "finalized", elapsed)
+
+
+def _where(runner: list) -> str:
+    """Where a step that runs over is now (the whole stack in the debug log): its innermost frame
+    and, when that is the standard library's (a lock, a join), the library call that waits in it."""
+    frame = sys._current_frames().get(runner[0]) if runner else None
+    if frame is None:
+        return ""
+    if config.DEBUG:
+        import traceback
+
+        log.debug("the step's stack:\n%s", "".join(traceback.format_stack(frame)).rstrip())
+    stdlib = os.path.dirname(os.__file__)
+    frames = [frame]
+    while frames[-1].f_code.co_filename.startswith(stdlib) and "-packages" not in frames[-1].f_code.co_filename \
+            and frames[-1].f_back is not None:
+        frames.append(frames[-1].f_back)
+    shown = [frames[0]] + frames[-1:] * (len(frames) > 1)
+    return " in " + " from ".join(
+        f"{f.f_code.co_name} ({f.f_code.co_filename.rpartition(os.sep)[2]}:{f.f_lineno})" for f in shown)
 
 
 def _name(kind: str, obj) -> str:

@@ -63,6 +63,9 @@ def test_a_raising_and_a_hanging_finalizer_do_not_stop_the_others(jobs):
     found = warnings(result)
     assert len(found) == 2, result  # one line each, no traceback
     assert "RuntimeError: injected" in found[0] and "left behind" in found[1], result
+    # where it hangs: the lock it waits on, and the finalizer that waits on it
+    assert re.search(r" in wait \(threading\.py:\d+\) from finalize_one \(faults_job\.py:\d+\); left behind$",
+                     found[1]), result
     assert_nothing_left(result)
 
 
