@@ -5,11 +5,12 @@ ray_cluster.py (the runtime_env hook) each state their rules. Tested on ray 2.40
 private names relied on: ActorHandle._actor_method_call, ActorClass._remote, Node.kill_all_processes,
 ray._private.state.actors, ray._private.utils.set_sigterm_handler,
 FunctionActorManager._make_actor_method_executor, the GCS client's internal_kv_*, Ray Train v2's
-RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback.
+RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback, Ray Tune's
+WandbLoggerCallback._trial_queues and _signal_logging_actor_stop (ray_tune.py).
 """
 
 from ..patches import Patches
-from . import ray_driver, ray_worker
+from . import ray_driver, ray_tune, ray_worker
 
 # Importable here: autoteardown.ray_runtime_env_hook delegates to it, users' configurations name it.
 from .ray_cluster import runtime_env_hook, setup_hook  # noqa: F401
@@ -20,6 +21,7 @@ finalize_one, after_all = ray_driver.collect, ray_driver.finalize_collected
 def patch(patches: Patches) -> None:
     ray_driver.patch(patches)
     ray_worker.patch(patches)
+    ray_tune.patch(patches)
 
 
 def describe(obj) -> "str | None":

@@ -1,0 +1,36 @@
+"""Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging to wandb through
+Tune's WandbLoggerCallback (offline); the test stops the driver mid-trial.
+
+TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `step5-<x>` there
+at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
+Prints READY before fit(), FIT_RETURNED <monotonic time> after it."""
+
+import os
+import time
+
+import ray
+import ray.train
+from ray import tune
+from ray.air.integrations.wandb import WandbLoggerCallback
+
+STEPS = 40
+report = getattr(tune, "report", None) or ray.train.report  # tune.report from ray 2.4x
+RunConfig = getattr(tune, "RunConfig", None) or ray.train.RunConfig
+
+
+def trainable(config):
+    for step in range(STEPS):
+        if step == 5:
+            open(os.path.join(os.environ["TUNE_DIR"], f"step5-{config['x']}"), "w").close()
+        report({"loss": config["x"] * step})
+        time.sleep(0.1)
+
+
+ray.init(num_cpus=2, include_dashboard=False)
+callback = WandbLoggerCallback(project="autoteardown-tune", mode="offline",
+                               upload_timeout=int(os.environ.get("UPLOAD_TIMEOUT", "60")))
+tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
+                   run_config=RunConfig(storage_path=os.environ["TUNE_DIR"], name="exp", callbacks=[callback]))
+print("READY", flush=True)
+tuner.fit()
+print("FIT_RETURNED", time.monotonic(), flush=True)
