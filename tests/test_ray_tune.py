@@ -1,9 +1,9 @@
-"""Ray Tune: every trial's run ends with its steps and an exit record when the experiment is
-stopped, and `fit()` does not wait out the logger callback's upload timeout (ray_tune.py).
+"""Ray Tune: when an experiment is stopped, every trial's run ends with its steps and a true
+state, and `fit()` does not wait out WandbLoggerCallback's upload timeout (ray_tune.py).
 
-Each script starts its own local Ray and two trials logging to wandb (offline) through
-WandbLoggerCallback, with an upload timeout of 60 s; the driver is stopped once both trials
-are at their sixth step. What each run must hold is what Tune recorded for its trial
+Each script starts its own local Ray and two trials logging through WandbLoggerCallback (wandb
+offline, an upload timeout of 60 s) or MLflowLoggerCallback (sqlite); the driver is stopped once
+both trials are at their sixth step. What each run must hold is what Tune recorded for its trial
 (progress.csv)."""
 
 import csv
@@ -19,18 +19,30 @@ pytest.importorskip("ray.air.integrations.wandb", exc_type=ImportError)
 
 TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT's default
 UPLOAD_TIMEOUT = 60
+STEPS = 40  # each trial's, in tune_job.py
 
 
-def stopped_experiment(jobs, signum, shim=True):
-    """Run tune_job.py, send `signum` once both trials are at step 5: (result, monotonic time sent)."""
-    proc = jobs.start("tune_job.py", shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT})
+def stopped_experiment(jobs, signum, shim=True, tracker="wandb"):
+    """Run tune_job.py, send `signum` (if any) once both trials are at step 5: (result, monotonic time sent)."""
+    proc = jobs.start("tune_job.py", tracker, shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT})
     _, before = wait_for_line(proc, "READY", timeout=120)
     until = time.monotonic() + 120
-    while len(list(jobs.dir.glob("step5-*"))) < 2 and time.monotonic() < until and proc.poll() is None:
+    while signum and len(list(jobs.dir.glob("step5-*"))) < 2 and time.monotonic() < until and proc.poll() is None:
         time.sleep(0.1)
     sent = time.monotonic()
-    proc.send_signal(signum)
+    if signum:
+        proc.send_signal(signum)
     return jobs.finish(proc, timeout=UPLOAD_TIMEOUT + 120, before=before), sent
+
+
+def mlflow_runs(jobs):
+    """(status, how many `loss` values) of each trial's mlflow run, sorted."""
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{jobs.dir}/mlflow.db")
+    experiment = client.get_experiment_by_name("autoteardown-tune")
+    runs = client.search_runs([experiment.experiment_id])
+    return sorted((run.info.status, len(client.get_metric_history(run.info.run_id, "loss"))) for run in runs)
 
 
 def tune_results(jobs):
@@ -55,11 +67,35 @@ def test_ctrl_c_ends_every_trials_run_without_the_upload_wait(jobs):
     assert noise(result.stderr) == [] and "autoteardown:" not in result.stderr, result
 
 
+def test_ctrl_c_ends_every_trials_mlflow_run_killed(jobs):
+    pytest.importorskip("mlflow")
+    result, _ = stopped_experiment(jobs, signal.SIGINT, tracker="mlflow")
+    assert "FIT_RETURNED" in result.stdout, result
+    iterations = tune_results(jobs)
+    assert len(iterations) == 2 and all(iterations), result
+    assert mlflow_runs(jobs) == sorted(("KILLED", len(steps)) for steps in iterations), result
+    assert noise(result.stderr) == [] and "autoteardown:" not in result.stderr, result
+
+
+def test_a_finished_experiment_keeps_tunes_own_ends(jobs):
+    pytest.importorskip("mlflow")
+    result, _ = stopped_experiment(jobs, None, tracker="mlflow")
+    assert result.returncode == 0 and "FIT_RETURNED" in result.stdout, result
+    assert mlflow_runs(jobs) == [("FINISHED", STEPS)] * 2, result
+
+
 def test_sigterm_ends_every_trials_run_with_143(jobs):
     result, _ = stopped_experiment(jobs, signal.SIGTERM)
     runs = jobs.runs()
     assert len(runs) == 2, result
     assert all(steps and codes == [143] for _, steps, codes in runs), result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_ctrl_c_leaves_mlflow_runs_running(jobs):
+    pytest.importorskip("mlflow")
+    stopped_experiment(jobs, signal.SIGINT, shim=False, tracker="mlflow")
+    assert [status for status, _ in mlflow_runs(jobs)] == ["RUNNING"] * 2
 
 
 @pytest.mark.baseline

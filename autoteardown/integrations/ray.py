@@ -5,8 +5,8 @@ ray_cluster.py (the runtime_env hook) each state their rules. Tested on ray 2.40
 private names relied on: ActorHandle._actor_method_call, ActorClass._remote, Node.kill_all_processes,
 ray._private.state.actors, ray._private.utils.set_sigterm_handler,
 FunctionActorManager._make_actor_method_executor, the GCS client's internal_kv_*, Ray Train v2's
-RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback, Ray Tune's
-WandbLoggerCallback._trial_queues and _signal_logging_actor_stop (ray_tune.py).
+RayTrainWorker.shutdown and thread_runner.construct_user_exception_with_traceback, and Ray Tune's
+CallbackList.on_experiment_end and its logger callbacks' own (ray_tune.py).
 """
 
 from ..patches import Patches

@@ -1,18 +1,25 @@
-"""Ray Tune's logger callbacks that keep a run in an actor of their own: the experiment's end
-waits for runs that were told to end.
+"""Ray Tune's logger callbacks: when an experiment ends, no trial's run is left open.
 
-Tune tells a trial's logging actor to end (its END message: the actor finishes its run) only from
-`log_trial_end`. An experiment stopped by Ctrl-C ends its trials without it, and
-`on_experiment_end` then waits `upload_timeout` (30 min by default) for actors nobody told to end,
-and kills them with their runs unfinished. The rule: when the experiment ends, every logging actor
-it is about to wait for has been sent Tune's own END, as its `log_trial_end` and `__del__` do. An
-actor already told never reads the second message (it stopped reading at the first).
+Tune ends a trial's run only from the callback's `log_trial_end`. An experiment stopped by
+Ctrl-C ends its trials without it, so their runs stay open: MLflow's RUNNING for good, and
+WandbLoggerCallback's logging actors, never sent their END message, are waited for
+`upload_timeout` (30 min by default) by its `on_experiment_end`, then killed with their runs
+unfinished. The rule, applied once where Tune calls every callback's `on_experiment_end`
+(`CallbackList`), before any of them runs: each run Tune left open is ended as Tune ends runs,
+and marked as stopped where the tracker has a word for it.
+
+- WandbLoggerCallback: every logging actor is sent Tune's own END (as its `log_trial_end` and
+  `__del__` do; an actor already told never reads a second one): it finishes its run.
+- MLflowLoggerCallback: a trial's run still RUNNING is ended KILLED (Tune ends the others
+  FINISHED or FAILED).
 """
+
+import sys
 
 from .. import log
 from ..patches import Patches
 
-WANDB = "ray.air.integrations.wandb"
+CALLBACKS = "ray.tune.callback"
 _patches: "Patches | None" = None  # the ray integration's
 
 
@@ -21,18 +28,42 @@ def patch(patches: Patches) -> None:
 
     global _patches
     _patches = patches
-    importhook.register(WANDB, "autoteardown.integrations.ray_tune:patch_wandb")
+    importhook.register(CALLBACKS, "autoteardown.integrations.ray_tune:patch_callbacks")
 
 
-def patch_wandb(module) -> None:
+def patch_callbacks(module) -> None:
     if _patches is not None:
-        _patches.wrap(module.WandbLoggerCallback, "on_experiment_end", _every_actor_told_to_end)
+        _patches.wrap(module.CallbackList, "on_experiment_end", _ending_open_runs_first)
 
 
-def _every_actor_told_to_end(wrapped, instance, args, kwargs):
-    for trial in list(getattr(instance, "_trial_queues", None) or ()):
+def _ending_open_runs_first(wrapped, instance, args, kwargs):
+    for callback in list(getattr(instance, "_callbacks", None) or ()):
+        for (module_name, class_name), end_open_runs in ENDERS.items():
+            cls = getattr(sys.modules.get(module_name), class_name, None)
+            if cls is not None and isinstance(callback, cls):
+                end_open_runs(callback)
+    return wrapped(*args, **kwargs)
+
+
+def _tell_logging_actors_to_end(callback) -> None:
+    for trial in list(getattr(callback, "_trial_queues", None) or ()):
         try:
-            instance._signal_logging_actor_stop(trial)
+            callback._signal_logging_actor_stop(trial)
         except Exception:  # its queue's actor is gone: Tune's own wait and kill follow
             log.debug_exception("could not tell the logging actor of %s to end", trial)
-    return wrapped(*args, **kwargs)
+
+
+def _end_running_runs_killed(callback) -> None:
+    util = callback.mlflow_util
+    for trial, run_id in list((getattr(callback, "_trial_runs", None) or {}).items()):
+        try:
+            if util._get_client().get_run(run_id).info.status == "RUNNING":
+                util.end_run(status="KILLED", run_id=run_id)
+        except Exception:
+            log.debug_exception("could not end the mlflow run of %s", trial)
+
+
+ENDERS = {
+    ("ray.air.integrations.wandb", "WandbLoggerCallback"): _tell_logging_actors_to_end,
+    ("ray.air.integrations.mlflow", "MLflowLoggerCallback"): _end_running_runs_killed,
+}

@@ -1,17 +1,19 @@
-"""Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging to wandb through
-Tune's WandbLoggerCallback (offline); the test stops the driver mid-trial.
+"""Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging through one of Tune's
+logger callbacks; the test stops the driver mid-trial.
+Usage: tune_job.py [wandb|mlflow]: WandbLoggerCallback (offline), or MLflowLoggerCallback on
+sqlite in TUNE_DIR.
 
 TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `step5-<x>` there
 at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
 Prints READY before fit(), FIT_RETURNED <monotonic time> after it."""
 
 import os
+import sys
 import time
 
 import ray
 import ray.train
 from ray import tune
-from ray.air.integrations.wandb import WandbLoggerCallback
 
 STEPS = 40
 report = getattr(tune, "report", None) or ray.train.report  # tune.report from ray 2.4x
@@ -27,8 +29,16 @@ def trainable(config):
 
 
 ray.init(num_cpus=2, include_dashboard=False)
-callback = WandbLoggerCallback(project="autoteardown-tune", mode="offline",
-                               upload_timeout=int(os.environ.get("UPLOAD_TIMEOUT", "60")))
+if sys.argv[1:] == ["mlflow"]:
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    callback = MLflowLoggerCallback(tracking_uri=f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db",
+                                    experiment_name="autoteardown-tune")
+else:
+    from ray.air.integrations.wandb import WandbLoggerCallback
+
+    callback = WandbLoggerCallback(project="autoteardown-tune", mode="offline",
+                                   upload_timeout=int(os.environ.get("UPLOAD_TIMEOUT", "60")))
 tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
                    run_config=RunConfig(storage_path=os.environ["TUNE_DIR"], name="exp", callbacks=[callback]))
 print("READY", flush=True)
