@@ -13,9 +13,15 @@ AUTOTEARDOWN_* variable.
 """
 
 import os
+import signal
 import sys
 
 os.environ["AUTOTEARDOWN_DISABLE"] = "1"
+# A suite started in the background (`.ci/run &` from a script) inherits SIGINT ignored, and
+# so would every script it starts: Python then never raises KeyboardInterrupt, and the Ctrl-C
+# tests would test nothing. The scripts get SIGINT as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Before anything imports ray: Ray reads it once, and on Linux its default puts the nodes
 # this process starts (ray.cluster_utils) on the machine's network address, not loopback.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
