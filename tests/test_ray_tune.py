@@ -27,12 +27,24 @@ def stopped_experiment(jobs, signum, shim=True, tracker="wandb"):
     proc = jobs.start("tune_job.py", tracker, shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT})
     _, before = wait_for_line(proc, "READY", timeout=120)
     until = time.monotonic() + 120
-    while signum and len(list(jobs.dir.glob("step5-*"))) < 2 and time.monotonic() < until and proc.poll() is None:
-        time.sleep(0.1)
+    while signum and not started(jobs, tracker) and time.monotonic() < until and proc.poll() is None:
+        time.sleep(0.2)
     sent = time.monotonic()
     if signum:
         proc.send_signal(signum)
     return jobs.finish(proc, timeout=UPLOAD_TIMEOUT + 120, before=before), sent
+
+
+def started(jobs, tracker):
+    """Both trials are at step 5, and (wandb) both logging actors' runs hold a step: under load
+    they lag behind the trials, and a run whose wandb.init is under way at the stop is lost with or
+    without the shim."""
+    if len(list(jobs.dir.glob("step5-*"))) < 2:
+        return False
+    try:
+        return tracker != "wandb" or sum(bool(steps) for _, steps, _ in jobs.runs()) >= 2
+    except Exception:  # a record being written
+        return False
 
 
 def mlflow_runs(jobs):
@@ -86,9 +98,10 @@ def test_a_finished_experiment_keeps_tunes_own_ends(jobs):
 
 def test_sigterm_ends_every_trials_run_with_143(jobs):
     result, _ = stopped_experiment(jobs, signal.SIGTERM)
-    runs = jobs.runs()
-    assert len(runs) == 2, result
-    assert all(steps and codes == [143] for _, steps, codes in runs), result
+    runs = [(steps, codes) for _, steps, codes in jobs.runs() if steps]
+    assert len(runs) == 2 and all(codes == [143] for _, codes in runs), result
+    # Only the runs that hold steps: Ray restarts Tune's logging actors (max_restarts=-1), and one
+    # that opens a run while the stopped driver is ending them keeps nothing.
 
 
 @pytest.mark.baseline
