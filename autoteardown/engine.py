@@ -199,9 +199,8 @@ def _in_runner(func, args: tuple, until: float, what: str):
     had it runs inline, and should it hang, the process ends with its status a second after `until`."""
     from . import signals, threads
 
-    runner: list = []
-
     outcome: list = []
+    runner: list = []
     done, stepping = _thread.allocate_lock(), _state.stepping
     done.acquire()
 

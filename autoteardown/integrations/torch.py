@@ -8,6 +8,7 @@ section for the SIGTERM unwind (signals.py): cut half-way, the worker raises.
 """
 
 import sys
+import threading
 import time
 
 from .. import log, registry
@@ -84,7 +85,8 @@ def finalize_one(it, timeout: float) -> None:
             it._worker_result_queue.put((None, None))
             thread.join(grace)
         it._workers_done_event.set()
-        it._workers_done_event = _set_event()  # from here on this process never takes the shared lock
+        it._workers_done_event = threading.Event()  # from here on this process never takes the shared lock
+        it._workers_done_event.set()
         for worker_id, _ in enumerate(it._workers):
             if it._persistent_workers or it._workers_status[worker_id]:
                 it._mark_worker_as_unavailable(worker_id, shutdown=True)
@@ -109,14 +111,6 @@ def finalize_one(it, timeout: float) -> None:
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
-
-
-def _set_event():
-    import threading
-
-    event = threading.Event()
-    event.set()
-    return event
 
 
 def describe(it) -> str:
