@@ -96,6 +96,24 @@ def test_a_finished_experiment_keeps_tunes_own_ends(jobs):
     assert mlflow_runs(jobs) == [("FINISHED", STEPS)] * 2, result
 
 
+@pytest.mark.parametrize("tracker", ["wandb", "wandb-unwritten"])
+def test_a_finished_experiment_keeps_every_wandb_run_whole(jobs, tracker):
+    """Tune kills each logging actor, and Ray its wandb-core, as soon as the actor's run() returns:
+    each run must be on disk by then. wandb-unwritten holds the run in wandb-core until wandb is
+    torn down, so that kill loses it for certain."""
+    result, _ = stopped_experiment(jobs, None, tracker=tracker)
+    assert result.returncode == 0 and "FIT_RETURNED" in result.stdout, result
+    runs = jobs.runs()
+    assert [(steps, set(codes)) for _, steps, codes in runs] == [(list(range(1, STEPS + 1)), {0})] * 2, result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_a_run_not_yet_written_is_lost_with_its_logging_actor(jobs):
+    result, _ = stopped_experiment(jobs, None, shim=False, tracker="wandb-unwritten")
+    assert result.returncode == 0 and "FIT_RETURNED" in result.stdout, result
+    assert not any(codes for _, _, codes in jobs.runs()), result
+
+
 def test_sigterm_ends_every_trials_run_with_143(jobs):
     result, _ = stopped_experiment(jobs, signal.SIGTERM)
     runs = [(steps, codes) for _, steps, codes in jobs.runs() if steps]

@@ -12,14 +12,22 @@ and marked as stopped where the tracker has a word for it.
   `__del__` do; an actor already told never reads a second one): it finishes its run.
 - MLflowLoggerCallback: a trial's run still RUNNING is ended KILLED (Tune ends the others
   FINISHED or FAILED).
+
+A second rule, for WandbLoggerCallback wherever Tune ends a logging actor: an actor whose run
+is finished is killed only once the run is on disk. `wandb.finish()` returns before wandb-core
+has written the run's last records; Tune `ray.kill`s the actor as soon as its `run()` returns,
+and Ray kills the actor's children (wandb-core) with it, so the run can lose its tail or the
+whole file. `wandb.teardown()` in the actor waits for wandb-core to write out and stop; it is
+run there first (bounded by AUTOTEARDOWN_RAY_GRACE_S), then Tune's kill follows unchanged.
 """
 
 import sys
 
-from .. import log
+from .. import config, log
 from ..patches import Patches
 
 CALLBACKS = "ray.tune.callback"
+WANDB_LOGGER = "ray.air.integrations.wandb"
 _patches: "Patches | None" = None  # the ray integration's
 
 
@@ -29,11 +37,18 @@ def patch(patches: Patches) -> None:
     global _patches
     _patches = patches
     importhook.register(CALLBACKS, "autoteardown.integrations.ray_tune:patch_callbacks")
+    if "wandb" not in config.DISABLED_INTEGRATIONS:
+        importhook.register(WANDB_LOGGER, "autoteardown.integrations.ray_tune:patch_wandb_logger")
 
 
 def patch_callbacks(module) -> None:
     if _patches is not None:
         _patches.wrap(module.CallbackList, "on_experiment_end", _ending_open_runs_first)
+
+
+def patch_wandb_logger(module) -> None:
+    if _patches is not None:
+        _patches.wrap(module.WandbLoggerCallback, "_cleanup_logging_actor", _written_out_before_kill)
 
 
 def _ending_open_runs_first(wrapped, instance, args, kwargs):
@@ -51,6 +66,36 @@ def _tell_logging_actors_to_end(callback) -> None:
             callback._signal_logging_actor_stop(trial)
         except Exception:  # its queue's actor is gone: Tune's own wait and kill follow
             log.debug_exception("could not tell the logging actor of %s to end", trial)
+
+
+def _written_out_before_kill(wrapped, instance, args, kwargs):
+    trial = args[0] if args else kwargs.get("trial")
+    try:
+        import ray
+
+        future = instance._trial_logging_futures.get(trial)
+        if future is not None and ray.wait([future], timeout=0)[0]:  # run() returned: its run is finished
+            actor = instance._trial_logging_actors[trial]
+            ray.get(actor.__ray_call__.remote(_WRITE_OUT), timeout=config.RAY_GRACE)
+    except Exception:  # not written out in time, or the actor is gone: Tune's kill as without us
+        log.debug_exception("the logging actor of %s did not write its run out", trial)
+    return wrapped(*args, **kwargs)
+
+
+def _make_write_out():
+    # A closure: cloudpickle ships it by value, to actors that may not have autoteardown.
+    def write_out(_actor) -> None:
+        import wandb
+
+        try:
+            wandb.teardown()
+        except SystemExit:  # raised with wandb-core's status when it is not 0: nothing more to write
+            pass
+
+    return write_out
+
+
+_WRITE_OUT = _make_write_out()
 
 
 def _end_running_runs_killed(callback) -> None:

@@ -1,7 +1,9 @@
 """Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging through one of Tune's
 logger callbacks; the test stops the driver mid-trial.
-Usage: tune_job.py [wandb|mlflow]: WandbLoggerCallback (offline), or MLflowLoggerCallback on
-sqlite in TUNE_DIR.
+Usage: tune_job.py [wandb|wandb-unwritten|mlflow]: WandbLoggerCallback (offline), or
+MLflowLoggerCallback on sqlite in TUNE_DIR. wandb-unwritten: each logging actor's wandb-core
+writes its run out only when the process tears wandb down (wandb.finish() returns before the run
+is on disk; here the stream is never closed at finish, so that window stays open).
 
 TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `step5-<x>` there
 at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
@@ -35,8 +37,17 @@ if sys.argv[1:] == ["mlflow"]:
     callback = MLflowLoggerCallback(tracking_uri=f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db",
                                     experiment_name="autoteardown-tune")
 else:
-    from ray.air.integrations.wandb import WandbLoggerCallback
+    from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
 
+    class UnwrittenLoggingActor(_WandbLoggingActor):
+        def run(self):
+            from wandb.sdk.lib.service import service_connection
+
+            service_connection.ServiceConnection.inform_finish = lambda connection, run_id: None
+            return super().run()
+
+    if sys.argv[1:] == ["wandb-unwritten"]:
+        WandbLoggerCallback._logger_actor_cls = UnwrittenLoggingActor
     callback = WandbLoggerCallback(project="autoteardown-tune", mode="offline",
                                    upload_timeout=int(os.environ.get("UPLOAD_TIMEOUT", "60")))
 tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
