@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from helpers import LOAD_MARGIN, noise, wait_for_line
+from helpers import LOAD_MARGIN, noise, tracebacks, wait_for_line
+from mlflow_server import Server
 
 pytest.importorskip("ray.tune", exc_type=ImportError)
 pytest.importorskip("ray.air.integrations.wandb", exc_type=ImportError)
@@ -87,6 +88,33 @@ def test_ctrl_c_ends_every_trials_mlflow_run_killed(jobs):
     assert len(iterations) == 2 and all(iterations), result
     assert mlflow_runs(jobs) == sorted(("KILLED", len(steps)) for steps in iterations), result
     assert noise(result.stderr) == [] and "autoteardown:" not in result.stderr, result
+
+
+def test_a_tracking_server_gone_holds_ctrl_c_no_longer_than_the_deadline(jobs):
+    """The runs Tune left open are ended through the tracking server; when it is gone, mlflow's
+    retries (minutes) must not hold fit(): they are bounded by AUTOTEARDOWN_TIMEOUT."""
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    server, deadline = Server(jobs.dir, jobs), 3.0
+    proc = jobs.start("tune_job.py", "mlflow", env={
+        "TUNE_DIR": jobs.dir, "MLFLOW_TRACKING_URI": server.uri, "TUNE_QUIET_AFTER": 6,
+        "AUTOTEARDOWN_TIMEOUT": deadline, "MLFLOW_DISABLE_TELEMETRY": "true"})
+    _, before = wait_for_line(proc, "READY", timeout=120)
+    client, until = mlflow.MlflowClient(server.uri), time.monotonic() + 120
+    while time.monotonic() < until and proc.poll() is None:  # both trials' six results are logged
+        runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+        if len(runs) == 2 and all(len(client.get_metric_history(r.info.run_id, "loss")) == 6 for r in runs):
+            break
+        time.sleep(0.5)
+    server.stop()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    result = jobs.finish(proc, timeout=120, before=before)
+    returned = float(result.stdout.split("FIT_RETURNED")[1].split()[0])
+    print(f"fit() returned {returned - sent:.2f} s after Ctrl-C, the server gone (deadline {deadline} s)")
+    assert returned - sent < deadline + 5 + LOAD_MARGIN, result
+    assert result.returncode == 0 and tracebacks(result.stderr) == 0, result
 
 
 def test_a_finished_experiment_keeps_tunes_own_ends(jobs):

@@ -9,6 +9,7 @@ recorded: their id may be another process's.
 """
 
 import _thread
+import contextlib
 import sys
 import time
 import weakref
@@ -75,11 +76,20 @@ def finalize_one(run, timeout: float) -> "str | None":
     # 143 is a SIGTERM's code also where the signal was another handler's (a Ray actor's).
     killed = isinstance(exception, KeyboardInterrupt) or signals.received() is not None or code == 128 + 15
     status = "KILLED" if killed else "FINISHED" if code == 0 and exception is None else "FAILED"
-    _deadlines[_thread.get_ident()] = time.monotonic() + timeout
-    try:
+    with bounded(timeout):
         return ", ".join([_end(each.info.run_id, status, uri) for each in reversed(ending)])
+
+
+@contextlib.contextmanager
+def bounded(timeout: float):
+    """This thread's MLflow requests in the block end within `timeout` seconds from now: a run
+    ended for the user must not wait out mlflow's retries (minutes) against a server that is gone."""
+    ident = _thread.get_ident()
+    _deadlines[ident] = time.monotonic() + timeout
+    try:
+        yield
     finally:
-        _deadlines.pop(_thread.get_ident(), None)
+        _deadlines.pop(ident, None)
 
 
 def _end(run_id, status, uri):
@@ -105,7 +115,7 @@ def _end(run_id, status, uri):
 
 
 def _bounded_request(wrapped, instance, args, kwargs):
-    """The teardown's requests (three per run at most): each a third of the time left,
+    """A request in a `bounded` block (three per run at most): each a third of the time left,
     one immediate retry for a dropped connection."""
     deadline = _deadlines.get(_thread.get_ident())
     if deadline is not None:

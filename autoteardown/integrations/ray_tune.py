@@ -25,6 +25,7 @@ import sys
 
 from .. import config, log
 from ..patches import Patches
+from . import mlflow
 
 CALLBACKS = "ray.tune.callback"
 WANDB_LOGGER = "ray.air.integrations.wandb"
@@ -53,9 +54,9 @@ def patch_wandb_logger(module) -> None:
 
 def _ending_open_runs_first(wrapped, instance, args, kwargs):
     for callback in list(getattr(instance, "_callbacks", None) or ()):
-        for (module_name, class_name), end_open_runs in ENDERS.items():
+        for (module_name, class_name, tracker), end_open_runs in ENDERS.items():
             cls = getattr(sys.modules.get(module_name), class_name, None)
-            if cls is not None and isinstance(callback, cls):
+            if cls is not None and isinstance(callback, cls) and tracker not in config.DISABLED_INTEGRATIONS:
                 end_open_runs(callback)
     return wrapped(*args, **kwargs)
 
@@ -100,15 +101,17 @@ _WRITE_OUT = _make_write_out()
 
 def _end_running_runs_killed(callback) -> None:
     util = callback.mlflow_util
-    for trial, run_id in list((getattr(callback, "_trial_runs", None) or {}).items()):
-        try:
-            if util._get_client().get_run(run_id).info.status == "RUNNING":
-                util.end_run(status="KILLED", run_id=run_id)
-        except Exception:
-            log.debug_exception("could not end the mlflow run of %s", trial)
+    with mlflow.bounded(config.TIMEOUT):  # all of them: a tracking server may be gone
+        for trial, run_id in list((getattr(callback, "_trial_runs", None) or {}).items()):
+            try:
+                if util._get_client().get_run(run_id).info.status == "RUNNING":
+                    util.end_run(status="KILLED", run_id=run_id)
+            except Exception:
+                log.debug_exception("could not end the mlflow run of %s", trial)
 
 
+# (module, callback class, the tracker's integration: disabled, its runs are left alone) -> ender
 ENDERS = {
-    ("ray.air.integrations.wandb", "WandbLoggerCallback"): _tell_logging_actors_to_end,
-    ("ray.air.integrations.mlflow", "MLflowLoggerCallback"): _end_running_runs_killed,
+    ("ray.air.integrations.wandb", "WandbLoggerCallback", "wandb"): _tell_logging_actors_to_end,
+    ("ray.air.integrations.mlflow", "MLflowLoggerCallback", "mlflow"): _end_running_runs_killed,
 }

@@ -7,6 +7,8 @@ is on disk; here the stream is never closed at finish, so that window stays open
 
 TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `step5-<x>` there
 at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
+MLFLOW_TRACKING_URI: a tracking server instead of the sqlite file. TUNE_QUIET_AFTER=n: each trial
+reports n results, then waits without reporting (Tune then calls no tracker until it ends).
 Prints READY before fit(), FIT_RETURNED <monotonic time> after it."""
 
 import os
@@ -24,6 +26,8 @@ RunConfig = getattr(tune, "RunConfig", None) or ray.train.RunConfig
 
 def trainable(config):
     for step in range(STEPS):
+        if step == int(os.environ.get("TUNE_QUIET_AFTER", STEPS)):
+            time.sleep(600)
         if step == 5:
             open(os.path.join(os.environ["TUNE_DIR"], f"step5-{config['x']}"), "w").close()
         report({"loss": config["x"] * step})
@@ -34,7 +38,8 @@ ray.init(num_cpus=2, include_dashboard=False)
 if sys.argv[1:] == ["mlflow"]:
     from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    callback = MLflowLoggerCallback(tracking_uri=f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db",
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db"
+    callback = MLflowLoggerCallback(tracking_uri=uri,
                                     experiment_name="autoteardown-tune")
 else:
     from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
