@@ -37,6 +37,7 @@ EXPECTED = {
             "ray.shutdown"},
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
     "trackio": {"trackio.run.Run.__init__"},
+    "comet": {"comet_ml.experiment.CometExperiment.__init__"},
 }
 
 CONTRACT = r"""

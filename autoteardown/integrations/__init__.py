@@ -69,6 +69,7 @@ TABLE = {
     # Both rely on private names of the releases their modules name as tested.
     "swanlab": Integration("swanlab", 26, ("swanlab",), "swanlab runs", Requirement("swanlab", "0.9.8", "0.11")),
     "trackio": Integration("trackio", 27, ("trackio",), "trackio runs", Requirement("trackio", "0.40", "0.44")),
+    "comet": Integration("comet", 29, ("comet_ml",), "Comet experiments", Requirement("comet_ml", "3.58")),
 }
 _patches: "dict[str, Patches]" = {}            # name -> what it wrapped, once instrumented
 # engine.register_kind, set by install(): the engine is handed in, not imported (it imports us, through report.py).

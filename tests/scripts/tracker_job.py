@@ -1,7 +1,8 @@
-"""An unmodified script logging to SwanLab (offline) or Trackio (local), in TRACKER_DIR.
+"""An unmodified script logging to SwanLab (offline), Trackio (local) or Comet (an
+OfflineExperiment), in TRACKER_DIR.
 Usage: tracker_job.py LIBRARY WHAT ENDING
 
-LIBRARY: swanlab, trackio.
+LIBRARY: swanlab, trackio, comet.
 WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoader with
          2 workers, as the issue measured); finished (the user ends the run, then the
          script ends: the run is left as the user ended it); fork (a raw fork child
@@ -34,6 +35,16 @@ if library == "swanlab":
 
     def end(run):
         run.finish()
+elif library == "comet":
+    import comet_ml
+
+    def start():
+        return comet_ml.OfflineExperiment(project_name="autoteardown-tests", offline_directory=folder,
+                                          display_summary_level=0, log_env_details=False, log_git_metadata=False,
+                                          log_git_patch=False, log_code=False)
+
+    def end(run):
+        run.end()
 else:
     import trackio  # its folder: TRACKIO_DIR
 
@@ -48,7 +59,10 @@ def log(run, steps):
     for step in steps:
         if what in ("loader", "ray"):
             next(batches)
-        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        if library == "comet":
+            run.log_metric("loss", 1.0 / (step + 1), step=step)
+        else:
+            run.log({"loss": 1.0 / (step + 1)}, step=step)
         time.sleep(0.1)  # a training step: trackio's sender writes every 0.5 s in between
 
 
@@ -95,9 +109,10 @@ else:
     run = start()
 if what == "late_import":
     import autoteardown  # noqa: F401  (from PYTHONPATH, not the sitecustomize)
-owner = sys.modules["swanlab.sdk.internal.run" if library == "swanlab" else "trackio.run"].Run
+owner = {"swanlab": "swanlab.sdk.internal.run:Run", "trackio": "trackio.run:Run",
+         "comet": "comet_ml.experiment:CometExperiment"}[library].split(":")
 print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
-print("PATCHED:", hasattr(owner.__init__, "__wrapped__"), flush=True)
+print("PATCHED:", hasattr(getattr(sys.modules[owner[0]], owner[1]).__init__, "__wrapped__"), flush=True)
 log(run, range(STEPS))
 if what == "finished":
     end(run)
