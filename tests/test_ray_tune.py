@@ -90,6 +90,20 @@ def test_ctrl_c_ends_every_trials_mlflow_run_killed(jobs):
     assert noise(result.stderr) == [] and "autoteardown:" not in result.stderr, result
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_experiment_archives_every_trials_comet_experiment(jobs, signum):
+    """CometLoggerCallback's experiments live in the driver: comet's atexit callback archives them
+    after a Ctrl-C, the comet integration after a SIGTERM. Each holds what Tune recorded."""
+    pytest.importorskip("comet_ml")
+    from test_comet import archives
+
+    result, _ = stopped_experiment(jobs, signum, tracker="comet")
+    iterations = tune_results(jobs)
+    found = sorted(archives(jobs.dir / "comet"))
+    assert len(found) == 2 and all(found), result
+    assert signum == signal.SIGTERM or found == iterations, result  # Tune writes no results at a SIGTERM
+
+
 def test_a_tracking_server_gone_holds_ctrl_c_no_longer_than_the_deadline(jobs):
     """The runs Tune left open are ended through the tracking server; when it is gone, mlflow's
     retries (minutes) must not hold fit(): they are bounded by AUTOTEARDOWN_TIMEOUT."""

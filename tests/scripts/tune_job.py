@@ -1,7 +1,8 @@
 """Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging through one of Tune's
 logger callbacks; the test stops the driver mid-trial.
-Usage: tune_job.py [wandb|wandb-unwritten|mlflow]: WandbLoggerCallback (offline), or
-MLflowLoggerCallback on sqlite in TUNE_DIR. wandb-unwritten: each logging actor's wandb-core
+Usage: tune_job.py [wandb|wandb-unwritten|mlflow|comet]: WandbLoggerCallback (offline),
+MLflowLoggerCallback on sqlite in TUNE_DIR, or CometLoggerCallback (OfflineExperiments in
+TUNE_DIR/comet). wandb-unwritten: each logging actor's wandb-core
 writes its run out only when the process tears wandb down (wandb.finish() returns before the run
 is on disk; here the stream is never closed at finish, so that window stays open).
 
@@ -41,6 +42,11 @@ if sys.argv[1:] == ["mlflow"]:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db"
     callback = MLflowLoggerCallback(tracking_uri=uri,
                                     experiment_name="autoteardown-tune")
+elif sys.argv[1:] == ["comet"]:
+    from ray.air.integrations.comet import CometLoggerCallback
+
+    callback = CometLoggerCallback(online=False, offline_directory=os.path.join(os.environ["TUNE_DIR"], "comet"),
+                                   project_name="autoteardown-tune", display_summary_level=0)
 else:
     from ray.air.integrations.wandb import WandbLoggerCallback, _WandbLoggingActor
 
