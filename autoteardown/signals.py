@@ -54,6 +54,7 @@ class _State:
         self.watched = False    # the deadlines of rule 4 are set
         self.on_sigterm: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
         self.take_over: Callable[[int, float, str], None] | None = None  # the engine's rule 4
+        self.chained: int | None = None  # the SIGTERM a chained handler unwinds with SystemExit(signum)
 
 
 _state = _State()
@@ -159,6 +160,23 @@ def _handler(signum: int, frame: object) -> None:
             _raise(signum)
 
 
+def unwound_by_another(signum: int) -> None:
+    """In a handler we chain (Ray's, in a driver), before it raises its own unwind for this
+    SIGTERM, SystemExit(signum), whose exit path (Ray's shutdown) is its own. Rules 3 and 4 still
+    hold for it: swallowed in a finalizer, the signal is sent again (on_unraisable); if the exit
+    has not begun at half the deadline, the engine tears down and the process dies of it."""
+    at = time.monotonic()
+    _state.chained = signum
+
+    def watch() -> None:
+        if _state.take_over is not None:
+            take_over = _state.take_over
+            threads.alarm(at + config.TIMEOUT / 2,
+                          lambda: _state.exiting or take_over(signum, at, "its unwind was lost"))
+
+    threads.soon(watch)
+
+
 def _raise(signum: int) -> None:
     _state.raised, _state.pending = True, False
     raise Stop(128 + signum)
@@ -187,10 +205,13 @@ def exit_unless_stopped(wrapped, instance, args, kwargs):
 
 
 def on_unraisable(wrapped, instance, args, kwargs):
-    """A wrapt wrapper of sys.unraisablehook: our Stop, swallowed in a finalizer, is not
-    printed; the helper sends SIGTERM again once the main thread has left this hook."""
+    """A wrapt wrapper of sys.unraisablehook: our Stop (or the chained handler's SystemExit),
+    swallowed in a finalizer, is not printed; the helper sends SIGTERM again once the main
+    thread has left this hook."""
     unraisable = args[0] if args else kwargs.get("unraisable")
-    if isinstance(getattr(unraisable, "exc_value", None), Stop) and _state.installed:
+    exc = getattr(unraisable, "exc_value", None)
+    if isinstance(exc, Stop) and _state.installed or (
+            isinstance(exc, SystemExit) and _state.chained is not None and exc.code == _state.chained):
         threads.soon(_resend_signal)
         return None
     return wrapped(*args, **kwargs)

@@ -6,13 +6,14 @@ every actor pid a script reports is killed at the end of the test.
 
 import json
 import re
+import signal
 import sys
 import time
 
 import pytest
 
 import wandb_records
-from helpers import LOAD_MARGIN, kill_pids, noise, run, wait_gone
+from helpers import LOAD_MARGIN, kill_pids, noise, run, wait_for_line, wait_gone
 
 GRACE = 2.0  # AUTOTEARDOWN_RAY_GRACE_S for the hung-actor scripts (default 5: the bounds scale with it)
 HUNG = {"AUTOTEARDOWN_RAY_GRACE_S": GRACE}
@@ -96,6 +97,35 @@ def test_at_driver_exit_only_the_actors_that_recorded_something_are_ended(tmp_pa
 
 
 @pytest.mark.baseline
+def sigterm_in_a_finalizer(jobs, shim, how="each"):
+    proc = jobs.start("ray_driver_lost_unwind.py", how, shim=shim, env={"AUTOTEARDOWN_TIMEOUT": LOST_UNWIND_TIMEOUT})
+    _, before = wait_for_line(proc, "READY", timeout=120)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    return jobs.finish(proc, timeout=120, before=before), sent
+
+
+LOST_UNWIND_TIMEOUT = 4.0
+
+
+@pytest.mark.parametrize("how", ["each", "once"])
+def test_a_driver_whose_sigterm_unwind_is_lost_still_ends_of_it(jobs, how):
+    """Ray's handler unwinds a driver with sys.exit(15); raised inside a finalizer, Python drops
+    it and the job runs on. Ray's own abort 3 s later would still end it; the shim defers that
+    abort for its teardown, so it must see the end through: the signal sent again once the
+    finalizer has dropped the unwind, and at half the deadline a teardown that dies of it."""
+    result, sent = sigterm_in_a_finalizer(jobs, shim=True, how=how)
+    assert "LOOP_ENDED" not in result.stdout and result.returncode in (15, -signal.SIGTERM), result
+    assert result.ended - sent < LOST_UNWIND_TIMEOUT + 1 + LOAD_MARGIN, result
+    assert [codes for _, _, codes in jobs.runs()] in ([[15]], [[143]]), result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_a_driver_whose_sigterm_unwind_is_lost_dies_of_rays_abort(jobs):
+    result, _ = sigterm_in_a_finalizer(jobs, shim=False)
+    assert result.returncode == -signal.SIGABRT and "LOOP_ENDED" not in result.stdout, result
+
+
 def test_hung_actors_stay_alive_without_the_shim(cleanup):
     # Alive twice as long as the shim's bound: the symptom shown.
     result = run("ray_hung_actors.py", "off", shim=False, env={"WATCH_S": 2 * (GRACE + 2)}, timeout=120)

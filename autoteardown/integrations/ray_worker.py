@@ -96,7 +96,10 @@ def _ask(handler, signum, frame):
     _defer_ray_abort()
     stopped = True
     if not _in_actor():
-        return handler(signum, frame)  # a driver: Ray's own handler ends actors first (ray_driver)
+        # A driver: Ray's handler unwinds (sys.exit), and ray_driver ends the actors first. With
+        # Ray's abort deferred, the end is ours to guarantee, even if that SystemExit is lost.
+        signals.unwound_by_another(signum)
+        return handler(signum, frame)
     _asked = True
     engine.on_sigterm(signum)  # not recorded: Ray's handler ends the process, not the engine
     if _in_method:
@@ -110,7 +113,7 @@ def _defer_ray_abort():
     to tear down, the abort waits for our teardown (AUTOTEARDOWN_TIMEOUT at most), and Ray's own
     shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is the user's."""
     global _deferred
-    if signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
+    if not _deferred and signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
         _deferred = True
         signal.alarm(int(config.TIMEOUT) + RAY_ABORT_S)
 
