@@ -55,6 +55,7 @@ class _State:
         self.on_sigterm: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
         self.take_over: Callable[[int, float, str], None] | None = None  # the engine's rule 4
         self.chained: int | None = None  # the SIGTERM a chained handler unwinds with SystemExit(signum)
+        self.spared: set[int] = set()  # pids of the children end_process leaves running
 
 
 _state = _State()
@@ -253,17 +254,22 @@ def _on_wakeup(data: bytes) -> None:
 
 # ---- ending a process ----------------------------------------------------------
 
+def spare(pid: int) -> None:
+    """Leave this child running when the process ends: its work outlives the process."""
+    _state.spared.add(pid)
+
+
 def end_process(signum: int | None = None, code: int = 0) -> None:
-    """End this process now: SIGTERM the multiprocessing children it started (a pool's
-    workers, orphaned without the shim), SIGKILL them after CHILDREN_GRACE, then die of
-    `signum` as its default action would, or exit with `code`."""
+    """End this process now: SIGTERM the multiprocessing children it started but did not
+    `spare` (a pool's workers, orphaned without the shim), SIGKILL them after
+    CHILDREN_GRACE, then die of `signum` as its default action would, or exit with `code`."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
     children = [p for p in getattr(sys.modules.get("multiprocessing.process"), "_children", ())
-                if getattr(p, "_parent_pid", None) == os.getpid()]
+                if getattr(p, "_parent_pid", None) == os.getpid() and p.pid not in _state.spared]
     for method in ("terminate", "kill"):
         until = time.monotonic() + CHILDREN_GRACE
         for process in children:

@@ -1,14 +1,22 @@
 """An async torch.distributed.checkpoint save in flight when the job ends: complete and
-loadable with the shim (real DCP on gloo, world size 1, the thread checkpointer, 100 MB)."""
+loadable with the shim (real DCP on gloo, 100 MB a rank; world size 1, or two ranks under
+torchrun; the thread checkpointer, and the process one, whose writer is a spawn process)."""
 
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, noise, wait_for_line
+from helpers import LOAD_MARGIN, SCRIPTS, base_env, free_port, noise, wait_for_line, wait_gone, wait_session_gone
+
+# The process checkpointer's writer joins a TCPStore on MASTER_ADDR (the host's name when
+# unset, which a sandbox may not resolve); torchrun sets it.
+PROCESS = {"CHECKPOINTER": "process", "MASTER_ADDR": "127.0.0.1"}
 
 pytestmark = pytest.mark.needs_torch
 
@@ -29,11 +37,11 @@ def save(jobs, mode, shim=True, group=False, **env):
     return result, result.ended - sent
 
 
-def loaded(jobs):
+def loaded(jobs, ranks=1, megabytes=100):
     """What a fresh process loading the checkpoint finds: 'equal' to what was saved, or why not."""
     if not os.path.exists(jobs.dir / "ckpt" / ".metadata"):
         return "no .metadata"
-    result = jobs.run("checkpoint_job.py", jobs.dir, "load", shim=False, timeout=180)
+    result = jobs.run("checkpoint_job.py", jobs.dir, "load", megabytes, shim=False, timeout=180, CHECKPOINT_RANKS=ranks)
     match = re.search(r"^LOADED: (\w+)", result.stdout, re.M)
     return match.group(1) if match else f"load failed: {result.stderr[-300:]}"
 
@@ -64,8 +72,94 @@ def test_a_save_longer_than_its_budget_is_left_with_one_warning(jobs):
     assert len(lines) == 1 and "ckpt not complete after waiting" in lines[0] and "written" in lines[0], result
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_process_checkpointers_save_in_flight_completes_and_loads(jobs, mode):
+    result, _ = save(jobs, mode, **PROCESS)
+    assert result.returncode == MODES[mode], result
+    assert "autoteardown:" not in result.stderr, result
+    assert loaded(jobs) == "equal", result
+
+
+def test_a_process_checkpointers_save_past_its_budget_is_left_to_its_writer(jobs):
+    # The writer outlives its parent without the shim and finishes the save: the teardown
+    # gives up waiting at its budget, and the process ends without ending the writer.
+    budget, slow = 3, 8
+    proc = jobs.start("checkpoint_job.py", jobs.dir, "slow", env={**PROCESS, "SLOW_WRITE_S": slow},
+                      AUTOTEARDOWN_TIMEOUT=budget)
+    _, before = wait_for_line(proc, "READY", timeout=120)
+    deadline = time.monotonic() + 120
+    while not (jobs.dir / "ckpt").exists() and time.monotonic() < deadline:  # the writer has the save
+        time.sleep(0.05)
+    writers = [p.pid for p in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    while proc.poll() is None and time.monotonic() < sent + budget + 1 + LOAD_MARGIN:
+        time.sleep(0.02)
+    took = time.monotonic() - sent
+    result = jobs.finish(proc, timeout=slow + 60, before=before)  # its pipes close with the writer
+    assert result.returncode == -signal.SIGTERM and took < budget + 1 + LOAD_MARGIN, (took, result)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("autoteardown:")]
+    assert len(lines) == 1 and "not complete after waiting" in lines[0], result
+    assert len(writers) == 1 and wait_gone(writers, within=LOAD_MARGIN) == [], writers
+    assert loaded(jobs) == "equal", result
+
+
+def test_an_idle_process_checkpointers_writer_ends_with_the_process(jobs):
+    proc = jobs.start("checkpoint_job.py", jobs.dir, "waited", env=PROCESS)
+    line, before = wait_for_line(proc, "PIDS", timeout=120)
+    _, more = wait_for_line(proc, "READY", timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    result = jobs.finish(proc, timeout=60, before=before + more)
+    assert result.returncode == -signal.SIGTERM, result
+    assert wait_gone([int(line.split()[1])], within=LOAD_MARGIN) == [], result
+    assert "Traceback" not in result.stderr and "autoteardown:" not in result.stderr, result  # no EOFError from the writer
+    assert loaded(jobs) == "equal", result
+
+
+def test_a_sigterm_to_the_group_ends_the_process_checkpointers_writer_too(jobs):
+    # torch's writer has no SIGTERM handler: the group's signal kills it mid-save, with or
+    # without the shim, and the save is lost (docs/integrations.md says so). Ours: the
+    # process still dies of the signal, within the deadline, the writer gone.
+    result, took = save(jobs, "sigterm", group=True, **PROCESS)
+    assert result.returncode == -signal.SIGTERM and took < 10 + LOAD_MARGIN, result
+    assert wait_session_gone(result.pid, within=LOAD_MARGIN) == [], result
+    print("process checkpointer, SIGTERM to the group:", loaded(jobs))
+
+
+@pytest.mark.parametrize("shim", [True, pytest.param(False, marks=pytest.mark.baseline)])
+def test_two_ranks_under_torchrun_every_process_signalled_at_once(jobs, shim):
+    """scancel: torchrun and both ranks get SIGTERM at once, mid-save; the checkpoint holds
+    both ranks' shards and loads."""
+    proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                       str(SCRIPTS / "checkpoint_job.py"), str(jobs.dir), "sigterm", "50"],
+                      env=base_env(shim=shim, **jobs.env(OMP_NUM_THREADS=1)),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, seen, deadline = set(), [], time.monotonic() + 180
+    while len(ready) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("READY"):
+            ready.add(line.split()[1])
+    assert ready == {"0", "1"}, ("".join(seen), proc.poll())
+    time.sleep(0.3)
+    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in job:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    result = jobs.finish(proc, timeout=120, before="".join(seen))
+    assert result.returncode != 0, result  # torchrun's own report of its stopped ranks
+    assert wait_gone(job, within=LOAD_MARGIN) == [], result
+    assert (loaded(jobs, ranks=2, megabytes=50) == "equal") is shim, result  # the baseline: lost
+
+
 @pytest.mark.baseline
-def test_without_the_shim_a_sigterm_loses_the_save(jobs):
-    result, _ = save(jobs, "sigterm", shim=False)
+@pytest.mark.parametrize("checkpointer", ["thread", "process"])
+def test_without_the_shim_a_sigterm_loses_the_save(jobs, checkpointer):
+    result, _ = save(jobs, "sigterm", shim=False, **(PROCESS if checkpointer == "process" else {}))
     assert result.returncode == -signal.SIGTERM, result
     assert loaded(jobs) != "equal", result

@@ -8,15 +8,18 @@ The teardown waits for each save still in flight (its upload future), within the
 budget of AUTOTEARDOWN_TIMEOUT, after the DataLoader workers (which end at once) and before
 the process groups are destroyed (the save's last step gathers over the group). A save that
 cannot finish in its budget is left as it is, with one warning: its id, the bytes written,
-the time waited. A save the user waited for costs nothing. Covered: the thread checkpointer
-(the default); the process checkpointer's writer is another process, not waited for here.
+the time waited. A save the user waited for costs nothing. Both checkpointers are covered:
+the thread one (the default) and the process one, whose writer, a spawn process, outlives
+its parent without the shim and finishes a save the parent left: a save left incomplete
+here is left to that writer (`signals.spare`), which ends itself once idle.
 """
 
 import os
+import sys
 import time
 import weakref
 
-from .. import log, registry
+from .. import log, registry, signals
 from ..patches import Patches
 from . import kind_of
 
@@ -52,16 +55,22 @@ def finalize_one(future, timeout: float) -> "str | None":
         return None  # waited for by the user, or by concurrent.futures at exit
     import concurrent.futures
 
-    started = time.monotonic()
+    started, checkpoint = time.monotonic(), _saves.get(future) or "(no id)"
     try:  # a moment of the budget kept to say what is left, within it
         future.result(max(0.0, timeout - WARN_S))
     except concurrent.futures.TimeoutError:
-        checkpoint = _saves.get(future)
         written = _bytes_written(checkpoint)
         log.warning("checkpoint %s not complete after waiting %.1fs (%s written): left as it is",
-                    checkpoint or "(no id)", time.monotonic() - started,
+                    checkpoint, time.monotonic() - started,
                     f"{written / 2**20:.0f} MB" if written is not None else "? bytes")
+        executor = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
+        writer = getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
+        if writer is not None and writer.pid is not None:
+            signals.spare(writer.pid)
         return "left incomplete"
+    except Exception as error:  # the storage failed, or the writer process was killed
+        log.warning("checkpoint %s not saved: %s", checkpoint, error)
+        return "failed"
     return "saved"
 
 
