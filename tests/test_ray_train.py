@@ -97,6 +97,20 @@ def test_driver_sigterm_records_143_for_a_running_train_function(jobs):
 
 
 @needs_v2
+@pytest.mark.parametrize("shim", [True, pytest.param(False, marks=pytest.mark.baseline)])
+def test_a_stopped_driver_lets_each_ranks_checkpoint_in_flight_complete(jobs, shim):
+    from test_checkpoint import loaded
+
+    # The save waits 3 s: without the shim Ray's shutdown of the workers comes first. A
+    # worker's teardown is bounded by the grace its group's shutdown gives it.
+    result, found, pids = train(jobs, "checkpoint", shim=shim, stop=True, SLOW_WRITE_S=3,
+                                AUTOTEARDOWN_RAY_GRACE_S=10)
+    assert len(found) == 2, result
+    assert (loaded(jobs, ranks=2, megabytes=50) == "equal") is shim, result  # the baseline: lost
+    assert wait_gone(pids, within=10.0) == [], result
+
+
+@needs_v2
 @pytest.mark.baseline
 def test_train_v2_without_the_shim_loses_the_run(jobs):
     result, found, pids = train(jobs, "return", shim=False)

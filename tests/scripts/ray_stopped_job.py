@@ -4,7 +4,9 @@ TaskRunner actor trains: a StatefulDataLoader with 2 workers and a wandb run
 (offline) held on `self`, STEPS steps at PAUSE s. The test SIGTERMs the driver or
 the whole process group part-way. Usage: ray_stopped_job.py [steps] [pause] [tracker]
 (tracker: wandb, the default; mlflow with MLFLOW_TRACKING_URI set; tensorboard
-with TB_LOGDIR set).
+with TB_LOGDIR set; checkpoint: no tracker, an async torch.distributed.checkpoint save
+of 100 MB to CKPT_DIR/ckpt at the start, through a storage that waits SLOW_WRITE_S before
+it writes).
 
 The driver prints "LOGS: dir" (Ray's log folder); the actor prints "ACTOR: pid",
 "CHILDREN: pids" (loader workers, wandb-core),
@@ -41,6 +43,17 @@ class TaskRunner:
             self.tracker = mlflow.start_run()
             say(f"RUN: {self.tracker.info.run_id}")
             log = lambda step: mlflow.log_metric("loss", 1.0 / (step + 1), step=step)  # noqa: E731
+        elif config["tracker"] == "checkpoint":
+            import torch.distributed as dist
+            import torch.distributed.checkpoint as dcp
+
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from checkpoint_job import SlowWriter, state
+
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            writer = SlowWriter(os.path.join(os.environ["CKPT_DIR"], "ckpt"))
+            self.saving = dcp.async_save(state(0, 100), storage_writer=writer)
+            log = lambda step: None  # noqa: E731
         elif config["tracker"] == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
 

@@ -1,14 +1,16 @@
 """A Ray Train job: a TorchTrainer with 2 CPU workers whose train function keeps
 a StatefulDataLoader iterator (2 workers) on a long-lived object and logs 10
 steps to wandb (offline) on rank 0, never calling finish(). Usage:
-ray_train_job.py return|raise|hang|other-rank-raises|tree
+ray_train_job.py return|raise|hang|other-rank-raises|tree|checkpoint
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
 their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
 raises once rank 0 has logged 6 steps; rank 0 logs one each batch, waiting in
 next() for its slow dataset; tree: each rank also starts a process that starts one in a
 new session, as an inference engine would, and returns; the driver then waits for every
 rank's children to be gone, up to 2 x AUTOTEARDOWN_RAY_GRACE_S + 10 s, and prints
-"TREE_LEFT: pids" before it ends.) Legacy v1 reserves a CPU for its trainer actor:
+"TREE_LEFT: pids" before it ends; checkpoint: as hang, each rank first starting an async
+torch.distributed.checkpoint save of its 50 MB shard to OUT_DIR/../ckpt through a storage
+that waits SLOW_WRITE_S before it writes.) Legacy v1 reserves a CPU for its trainer actor:
 the workers take half a CPU each.
 
 Each rank writes OUT_DIR/rank<N>: its pid and its children's (DataLoader
@@ -90,10 +92,17 @@ def train_func():
         helper = subprocess.Popen([sys.executable, "-c", engine + sleeper])
         while not psutil.Process(helper.pid).children():
             time.sleep(0.05)
+    if MODE == "checkpoint":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import torch.distributed.checkpoint as dcp
+        from checkpoint_job import SlowWriter, state
+
+        folder = os.path.join(os.path.dirname(os.environ["OUT_DIR"]), "ckpt")
+        __main__.SAVING = dcp.async_save(state(rank, 50), storage_writer=SlowWriter(folder))
     write_rank(rank)
     if MODE == "raise" and rank == 0:
         raise RuntimeError("the training function failed")
-    while MODE == "hang":
+    while MODE in ("hang", "checkpoint"):
         time.sleep(0.1)
 
 
