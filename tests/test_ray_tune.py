@@ -23,9 +23,9 @@ UPLOAD_TIMEOUT = 60
 STEPS = 40  # each trial's, in tune_job.py
 
 
-def stopped_experiment(jobs, signum, shim=True, tracker="wandb"):
+def stopped_experiment(jobs, signum, shim=True, tracker="wandb", **env):
     """Run tune_job.py, send `signum` (if any) once both trials are at step 5: (result, monotonic time sent)."""
-    proc = jobs.start("tune_job.py", tracker, shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT})
+    proc = jobs.start("tune_job.py", tracker, shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT, **env})
     _, before = wait_for_line(proc, "READY", timeout=120)
     until = time.monotonic() + 120
     while signum and not started(jobs, tracker) and time.monotonic() < until and proc.poll() is None:
@@ -147,6 +147,26 @@ def test_a_finished_experiment_keeps_every_wandb_run_whole(jobs, tracker):
     assert result.returncode == 0 and "FIT_RETURNED" in result.stdout, result
     runs = jobs.runs()
     assert [(steps, set(codes)) for _, steps, codes in runs] == [(list(range(1, STEPS + 1)), {0})] * 2, result
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+@pytest.mark.parametrize("ending", ["raise", "early"])
+def test_a_trial_that_raises_or_is_stopped_early_keeps_its_run_as_tune_ended_it(jobs, tracker, ending):
+    """Tune ends these runs itself (log_trial_end): nothing is lost without the shim either,
+    and the shim changes nothing. Trial x=2 raises, or the scheduler stops it, after 8 results."""
+    if tracker == "mlflow":
+        pytest.importorskip("mlflow")
+    result, _ = stopped_experiment(jobs, None, tracker=tracker, TUNE_ENDING=ending)
+    assert result.returncode == 0 and "FIT_RETURNED" in result.stdout, result
+    assert tune_results(jobs) == [list(range(1, 9)), list(range(1, STEPS + 1))], result
+    if tracker == "wandb":  # Tune ends a failed trial's run with exit code 0 too
+        runs = jobs.runs()
+        assert sorted((steps, codes) for _, steps, codes in runs) == sorted(
+            [(list(range(1, 9)), [0]), (list(range(1, STEPS + 1)), [0])]), result
+    else:
+        assert mlflow_runs(jobs) == sorted([("FAILED" if ending == "raise" else "FINISHED", 8),
+                                            ("FINISHED", STEPS)]), result
+    assert "autoteardown:" not in result.stderr, result
 
 
 @pytest.mark.baseline

@@ -10,7 +10,8 @@ TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `st
 at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
 MLFLOW_TRACKING_URI: a tracking server instead of the sqlite file. TUNE_QUIET_AFTER=n: each trial
 reports n results, then waits without reporting (Tune then calls no tracker until it ends).
-Prints READY before fit(), FIT_RETURNED <monotonic time> after it."""
+TUNE_ENDING=raise: trial x=2 raises after 8 results; TUNE_ENDING=early: the scheduler stops
+trial x=2 after 8 results (as ASHA stops a trial whose loss is the higher). Prints READY before fit(), FIT_RETURNED <monotonic time> after it."""
 
 import os
 import sys
@@ -32,6 +33,8 @@ def trainable(config):
         if step == 5:
             open(os.path.join(os.environ["TUNE_DIR"], f"step5-{config['x']}"), "w").close()
         report({"loss": config["x"] * step})
+        if step == 7 and config["x"] == 2 and os.environ.get("TUNE_ENDING") == "raise":
+            raise RuntimeError("the trial's own error")
         time.sleep(0.1)
 
 
@@ -61,7 +64,19 @@ else:
         WandbLoggerCallback._logger_actor_cls = UnwrittenLoggingActor
     callback = WandbLoggerCallback(project="autoteardown-tune", mode="offline",
                                    upload_timeout=int(os.environ.get("UPLOAD_TIMEOUT", "60")))
+scheduler = None
+if os.environ.get("TUNE_ENDING") == "early":
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class StopEarly(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            if trial.config["x"] == 2 and result["training_iteration"] >= 8:
+                return TrialScheduler.STOP
+            return TrialScheduler.CONTINUE
+
+    scheduler = StopEarly()
 tuner = tune.Tuner(trainable, param_space={"x": tune.grid_search([1, 2])},
+                   tune_config=tune.TuneConfig(scheduler=scheduler),
                    run_config=RunConfig(storage_path=os.environ["TUNE_DIR"], name="exp", callbacks=[callback]))
 print("READY", flush=True)
 tuner.fit()
