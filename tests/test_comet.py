@@ -1,7 +1,8 @@
 """Comet experiments keep everything they logged, on every ending: real comet_ml, an
-OfflineExperiment in subprocesses (tests/scripts/tracker_job.py); the offline archive is read
-back as `comet upload` reads it (experiment.json, messages.json). Baselines without the shim
-(reported, not gating) are those of comet_ml 3.58. The patch contract is in test_contract.py."""
+OfflineExperiment in subprocesses (tests/scripts/tracker_job.py); the offline archive is
+read back as `comet upload` reads it (experiment.json, messages.json). Baselines without the
+shim (reported, not gating) are those of comet_ml 3.58. The patch contract is in
+test_contract.py, the gate's in test_trackers.py."""
 
 import json
 import zipfile
@@ -10,7 +11,7 @@ import pytest
 
 pytest.importorskip("comet_ml")
 
-from helpers import ROOT, ended_quietly, fake_distribution, tracker_job  # noqa: E402
+from helpers import ROOT, ended_quietly, tracker_job  # noqa: E402
 
 STEPS = list(range(8))  # what tracker_job.py logs
 ENDINGS = {"normal": (0, 0), "exit3": (3, 0), "raise": (1, 1), "interrupt": (-2, 1), "sigterm": (-15, 0)}
@@ -32,6 +33,9 @@ def archives(folder):
         metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
         found.append([m["step"] for m in metrics if m["metricName"] == "loss"])
     return found
+
+
+read, WHOLE = archives, [STEPS]  # for test_trackers.py
 
 
 def check(jobs, result, status, expected, traces=0):
@@ -81,17 +85,3 @@ def test_an_experiment_in_a_ray_actor_without_the_shim(jobs):
     pytest.importorskip("ray")
     result = job(jobs, "ray", "normal", shim=False, timeout=180)
     assert archives(jobs.dir) in ([], ["empty"]), result
-
-
-def test_can_be_disabled(jobs):
-    result = job(jobs, "one", "exit3", AUTOTEARDOWN_DISABLED_INTEGRATIONS="comet")
-    assert "PATCHED: False" in result.stdout and "autoteardown:" not in result.stderr, result
-    assert archives(jobs.dir) == [STEPS], result  # comet's own atexit callback
-
-
-def test_unsupported_version_warns_once_and_leaves_comet_alone(jobs, tmp_path):
-    path = fake_distribution(tmp_path, "comet_ml", "3.50.0")
-    result = job(jobs, "one", "exit3", PYTHONPATH=path)
-    assert "PATCHED: False" in result.stdout and result.stderr.count("autoteardown:") == 1, result
-    assert "comet_ml 3.50.0 is not supported (need >=3.58); Comet experiments are left alone" in result.stderr
-    assert archives(jobs.dir) == [STEPS], result

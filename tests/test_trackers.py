@@ -1,0 +1,41 @@
+"""The gate, for every tracker integration run by tracker_job.py (swanlab, trackio,
+comet): AUTOTEARDOWN_DISABLED_INTEGRATIONS switches it off, and a release outside its range
+gets one warning and is left alone; either way the tracker's own exit hook keeps the run
+whole. Each tracker's reader (`read`) and what a whole run reads as (`WHOLE`) come from its
+own test module."""
+
+import importlib
+
+import pytest
+
+from helpers import fake_distribution, tracker_job
+
+from autoteardown.integrations import TABLE
+
+BELOW = {"swanlab": "0.9.0", "trackio": "0.39.0", "comet": "3.50.0"}  # under each range
+
+
+def tracker(library):
+    """Its test module (skipped when the library is not installed)."""
+    pytest.importorskip(TABLE[library].triggers[0])
+    return importlib.import_module(f"test_{library}")
+
+
+@pytest.mark.parametrize("library", BELOW)
+def test_can_be_disabled(jobs, library):
+    module = tracker(library)
+    result = tracker_job(jobs, library, "one", "exit3", AUTOTEARDOWN_DISABLED_INTEGRATIONS=library)
+    assert "PATCHED: False" in result.stdout and "autoteardown:" not in result.stderr, result
+    assert module.read(jobs.dir) == module.WHOLE, result
+
+
+@pytest.mark.parametrize("library", BELOW)
+def test_an_unsupported_version_warns_once_and_leaves_the_library_alone(jobs, tmp_path, library):
+    module, (requirement, *_) = tracker(library), TABLE[library].requires
+    path = fake_distribution(tmp_path, requirement.distribution, BELOW[library])
+    result = tracker_job(jobs, library, "one", "exit3", PYTHONPATH=path)
+    assert "PATCHED: False" in result.stdout and result.stderr.count("autoteardown:") == 1, result
+    need = str(requirement).split(" ", 1)[1]
+    assert (f"{requirement.distribution} {BELOW[library]} is not supported (need {need}); "
+            f"{TABLE[library].looks_after} are left alone") in result.stderr, result
+    assert module.read(jobs.dir) == module.WHOLE, result
