@@ -126,10 +126,12 @@ def test_a_sigterm_to_the_group_ends_the_process_checkpointers_writer_too(jobs):
     print("process checkpointer, SIGTERM to the group:", loaded(jobs))
 
 
+@pytest.mark.parametrize("target", ["scancel", "torchrun"])
 @pytest.mark.parametrize("shim", [True, pytest.param(False, marks=pytest.mark.baseline)])
-def test_two_ranks_under_torchrun_every_process_signalled_at_once(jobs, shim):
-    """scancel: torchrun and both ranks get SIGTERM at once, mid-save; the checkpoint holds
-    both ranks' shards and loads."""
+def test_two_ranks_under_torchrun_stopped_mid_save(jobs, shim, target):
+    """Mid-save, torchrun and both ranks get SIGTERM at once (scancel), or torchrun's process
+    group does (torchrun hands it on to each rank's own group): the checkpoint holds both
+    ranks' shards and loads."""
     proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                        str(SCRIPTS / "checkpoint_job.py"), str(jobs.dir), "sigterm", "50"],
@@ -146,11 +148,13 @@ def test_two_ranks_under_torchrun_every_process_signalled_at_once(jobs, shim):
     assert ready == {"0", "1"}, ("".join(seen), proc.poll())
     time.sleep(0.3)
     job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    for pid in job:
+    for pid in job if target == "scancel" else ():
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    if target == "torchrun":
+        os.killpg(proc.pid, signal.SIGTERM)
     result = jobs.finish(proc, timeout=120, before="".join(seen))
     assert result.returncode != 0, result  # torchrun's own report of its stopped ranks
     assert wait_gone(job, within=LOAD_MARGIN) == [], result
