@@ -125,9 +125,12 @@ def test_a_stopped_driver_flushes_an_actors_tensorboard_writer(jobs):
 def test_a_stopped_job_lets_an_actors_checkpoint_in_flight_complete(jobs, tmp_path, shim, group):
     from test_checkpoint import loaded
 
+    # The actor's save has the grace its driver gives it before the kill: sized for a loaded
+    # machine (the default 5 s was cut short once in CI, two tests writing at once).
     report = tmp_path / "report.jsonl"
     result, _, left = stopped_job(jobs, group=group, shim=shim, after_step=1, tracker="checkpoint",
-                                  env={"CKPT_DIR": jobs.dir, "SLOW_WRITE_S": 1, "AUTOTEARDOWN_REPORT": str(report)})
+                                  env={"CKPT_DIR": jobs.dir, "SLOW_WRITE_S": 1, "AUTOTEARDOWN_REPORT": str(report),
+                                       "AUTOTEARDOWN_RAY_GRACE_S": 20, "AUTOTEARDOWN_TIMEOUT": 20})
     assert left == [], result
     outcome = loaded(jobs)
     if shim and group and outcome != "equal" and killed_by_ray_first(result, report):
