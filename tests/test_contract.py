@@ -38,6 +38,7 @@ EXPECTED = {
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
     "trackio": {"trackio.run.Run.__init__"},
     "comet": {"comet_ml.experiment.CometExperiment.__init__"},
+    "aim": {"aim.sdk.run.Run.__init__"},
 }
 
 CONTRACT = r"""

@@ -1,5 +1,5 @@
-"""The gate, for every tracker integration run by tracker_job.py (swanlab, trackio,
-comet): AUTOTEARDOWN_DISABLED_INTEGRATIONS switches it off, and a release outside its range
+"""The gate, for every tracker integration run by tracker_job.py (swanlab, trackio, comet,
+aim): AUTOTEARDOWN_DISABLED_INTEGRATIONS switches it off, and a release outside its range
 gets one warning and is left alone; either way the tracker's own exit hook keeps the run
 whole. Each tracker's reader (`read`) and what a whole run reads as (`WHOLE`) come from its
 own test module."""
@@ -12,7 +12,7 @@ from helpers import fake_distribution, tracker_job
 
 from autoteardown.integrations import TABLE
 
-BELOW = {"swanlab": "0.9.0", "trackio": "0.39.0", "comet": "3.50.0"}  # under each range
+BELOW = {"swanlab": "0.9.0", "trackio": "0.39.0", "comet": "3.50.0", "aim": "3.28.0"}  # under each range
 
 
 def tracker(library):

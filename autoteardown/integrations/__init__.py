@@ -66,9 +66,10 @@ TABLE = {
     # mlflow-skinny provides the same `mlflow` package, without the server.
     "mlflow": Integration("mlflow", 28, ("mlflow",), "mlflow runs", Requirement("mlflow", "2.10", "4"),
                           Requirement("mlflow-skinny", "2.10", "4")),
-    # Both rely on private names of the releases their modules name as tested.
+    # These three rely on private names of the releases their modules name as tested.
     "swanlab": Integration("swanlab", 26, ("swanlab",), "swanlab runs", Requirement("swanlab", "0.9.8", "0.11")),
     "trackio": Integration("trackio", 27, ("trackio",), "trackio runs", Requirement("trackio", "0.40", "0.44")),
+    "aim": Integration("aim", 23, ("aim",), "Aim runs", Requirement("aim", "3.29", "3.30")),
     "comet": Integration("comet", 29, ("comet_ml",), "Comet experiments", Requirement("comet_ml", "3.58")),
 }
 _patches: "dict[str, Patches]" = {}            # name -> what it wrapped, once instrumented

@@ -1,8 +1,8 @@
-"""An unmodified script logging to SwanLab (offline), Trackio (local) or Comet (an
-OfflineExperiment), in TRACKER_DIR.
+"""An unmodified script logging to SwanLab (offline), Trackio (local), Comet (an
+OfflineExperiment) or Aim (a repository), in TRACKER_DIR.
 Usage: tracker_job.py LIBRARY WHAT ENDING
 
-LIBRARY: swanlab, trackio, comet.
+LIBRARY: swanlab, trackio, comet, aim.
 WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoader with
          2 workers, as the issue measured); finished (the user ends the run, then the
          script ends: the run is left as the user ended it); fork (a raw fork child
@@ -45,6 +45,15 @@ elif library == "comet":
 
     def end(run):
         run.end()
+elif library == "aim":
+    import aim
+
+    def start():
+        return aim.Run(repo=folder, experiment="autoteardown-tests", system_tracking_interval=None,
+                       log_system_params=False, capture_terminal_logs=False)
+
+    def end(run):
+        run.close()
 else:
     import trackio  # its folder: TRACKIO_DIR
 
@@ -61,6 +70,8 @@ def log(run, steps):
             next(batches)
         if library == "comet":
             run.log_metric("loss", 1.0 / (step + 1), step=step)
+        elif library == "aim":
+            run.track(1.0 / (step + 1), name="loss", step=step)
         else:
             run.log({"loss": 1.0 / (step + 1)}, step=step)
         time.sleep(0.1)  # a training step: trackio's sender writes every 0.5 s in between
@@ -110,9 +121,10 @@ else:
 if what == "late_import":
     import autoteardown  # noqa: F401  (from PYTHONPATH, not the sitecustomize)
 owner = {"swanlab": "swanlab.sdk.internal.run:Run", "trackio": "trackio.run:Run",
-         "comet": "comet_ml.experiment:CometExperiment"}[library].split(":")
+         "comet": "comet_ml.experiment:CometExperiment", "aim": "aim.sdk.run:Run"}[library].split(":")
 print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
-print("PATCHED:", hasattr(getattr(sys.modules[owner[0]], owner[1]).__init__, "__wrapped__"), flush=True)
+init = vars(getattr(sys.modules[owner[0]], owner[1]))["__init__"]  # aim's own is a functools.wraps wrapper
+print("PATCHED:", type(init).__module__.startswith("wrapt"), flush=True)
 log(run, range(STEPS))
 if what == "finished":
     end(run)
