@@ -24,11 +24,10 @@ from aim.storage.context import Context
 repo = Repo.from_path(sys.argv[1])
 found = []
 for run in repo.iter_runs():
-    metric = run.get_metric("loss", Context({}))
+    metric = run.get_metric(sys.argv[2], Context({}))
     values = metric.values.sparse_numpy()[1] if metric else []  # keyed by a hash of the step
-    steps = sorted(round(1 / value) - 1 for value in values)  # tracker_job.py logs 1 / (step + 1)
     locked = os.path.exists(os.path.join(sys.argv[1], ".aim", "locks", run.hash + ".softlock"))
-    found.append(["in progress" if run.active or run.end_time is None or locked else "closed", steps])
+    found.append(["in progress" if run.active or run.end_time is None or locked else "closed", sorted(map(float, values))])
 print(json.dumps(sorted(found)))
 """
 
@@ -37,17 +36,23 @@ def job(jobs, what, ending, **kwargs):
     return tracker_job(jobs, "aim", what, ending, **kwargs)
 
 
-def runs(folder):
-    """(state, tracked steps) of each run in the repository: "closed" (an end time, not active,
-    no lock left) or "in progress"."""
+def tracked(folder, metric):
+    """(state, the metric's values, sorted) of each run in the repository at `folder`: "closed"
+    (an end time, not active, no lock left) or "in progress"."""
     if not (folder / ".aim").exists():
         return []
     aim = Path(sys.executable).parent / "aim"
     reindex = python([str(aim), "storage", "--repo", str(folder), "reindex", "-y"], shim=False, timeout=120)
     assert reindex.returncode == 0, reindex
-    result = python(READ, folder, shim=False, timeout=120)
+    result = python(READ, folder, metric, shim=False, timeout=120)
     assert result.returncode == 0, result
     return [tuple(run) for run in json.loads(result.stdout)]
+
+
+def runs(folder):
+    """(state, tracked steps) of each run tracker_job.py made (it tracks 1 / (step + 1))."""
+    return sorted((state, sorted(round(1 / value) - 1 for value in values))
+                  for state, values in tracked(folder, "loss"))
 
 
 read, WHOLE = runs, [CLOSED]  # for test_trackers.py

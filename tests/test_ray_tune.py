@@ -104,6 +104,24 @@ def test_a_stopped_experiment_archives_every_trials_comet_experiment(jobs, signu
     assert signum == signal.SIGTERM or found == iterations, result  # Tune writes no results at a SIGTERM
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_experiment_closes_every_trials_aim_run(jobs, signum):
+    """AimLoggerCallback's runs live in the driver and Tune closes one only at its trial's end.
+    aim's own atexit callback closes the others after a Ctrl-C, and after a SIGTERM when Ray's
+    handler exits through sys.exit before its abort (both runs closed without the shim in the
+    runs measured); the aim integration closes them at the driver's exit either way. Each
+    holds a value for every result Tune recorded."""
+    pytest.importorskip("aim")
+    from test_aim import tracked
+
+    result, _ = stopped_experiment(jobs, signum, tracker="aim")
+    found = tracked(jobs.dir / "aim", "ray/tune/loss")
+    iterations = tune_results(jobs)
+    assert len(found) == 2 and all(values for _, values in found), result
+    assert sorted(len(values) for _, values in found) == sorted(map(len, iterations)) or signum == signal.SIGTERM, result
+    assert [state for state, _ in found] == ["closed"] * 2, result
+
+
 def logged_six(client, run_id):
     keys = client.get_run(run_id).data.metrics
     return "loss" in keys and all(len(client.get_metric_history(run_id, key)) == 6 for key in keys)

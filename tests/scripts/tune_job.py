@@ -1,8 +1,8 @@
 """Ray Tune, two trials (a grid of 2) of STEPS steps at 0.1 s, each logging through one of Tune's
 logger callbacks; the test stops the driver mid-trial.
-Usage: tune_job.py [wandb|wandb-unwritten|mlflow|comet]: WandbLoggerCallback (offline),
-MLflowLoggerCallback on sqlite in TUNE_DIR, or CometLoggerCallback (OfflineExperiments in
-TUNE_DIR/comet). wandb-unwritten: each logging actor's wandb-core
+Usage: tune_job.py [wandb|wandb-unwritten|mlflow|comet|aim]: WandbLoggerCallback (offline),
+MLflowLoggerCallback on sqlite in TUNE_DIR, CometLoggerCallback (OfflineExperiments in
+TUNE_DIR/comet), or AimLoggerCallback (a repository in TUNE_DIR/aim). wandb-unwritten: each logging actor's wandb-core
 writes its run out only when the process tears wandb down (wandb.finish() returns before the run
 is on disk; here the stream is never closed at finish, so that window stays open).
 
@@ -45,6 +45,11 @@ if sys.argv[1:] == ["mlflow"]:
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{os.environ['TUNE_DIR']}/mlflow.db"
     callback = MLflowLoggerCallback(tracking_uri=uri,
                                     experiment_name="autoteardown-tune")
+elif sys.argv[1:] == ["aim"]:
+    from ray.tune.logger.aim import AimLoggerCallback
+
+    callback = AimLoggerCallback(repo=os.path.join(os.environ["TUNE_DIR"], "aim"), experiment_name="autoteardown-tune",
+                                 system_tracking_interval=None, log_system_params=False, capture_terminal_logs=False)
 elif sys.argv[1:] == ["comet"]:
     from ray.air.integrations.comet import CometLoggerCallback
 
