@@ -19,7 +19,7 @@ import sys
 import time
 import weakref
 
-from .. import log, registry, signals
+from .. import log, registry
 from ..patches import Patches
 from . import kind_of
 
@@ -66,6 +66,8 @@ def finalize_one(future, timeout: float) -> "str | None":
         executor = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
         writer = getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
         if writer is not None and writer.pid is not None:
+            from .. import signals  # loaded by then: the process is armed
+
             signals.spare(writer.pid)
         return "left incomplete"
     except Exception as error:  # the storage failed, or the writer process was killed
