@@ -201,6 +201,34 @@ def test_an_actors_process_tree_on_the_other_node_ends_with_it(two_nodes, jobs):
     assert result.returncode == 0, result
 
 
+TREE_ELSEWHERE = {"RAY_AUTH_MODE": "disabled", "TREE_ON_NODE": "second_node", "AUTOTEARDOWN_RAY_GRACE_S": GRACE}
+
+
+@pytest.mark.parametrize("ending", ["end", "shutdown", "crash"])
+def test_an_idle_or_crashed_actors_tree_on_the_other_node_ends_by_the_drivers_end(two_nodes, jobs, ending):
+    # The actor recorded nothing (or crashed): psutil here cannot see its node, so it said
+    # so when it started a process (the workers get autoteardown through the runtime_env hook).
+    from test_ray_tree import released, reported_trees, tree_job
+
+    result, tree, folder = tree_job(jobs, ending, RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE,
+                                    RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook")
+    assert wait_until_empty(lambda: alive(tree), within=2 * GRACE + 2 * LOAD_MARGIN) == [], result
+    assert released(folder), result  # SIGTERM first
+    assert result.returncode == 0, result
+    if ending != "shutdown":  # ended by the driver's exit: in its report
+        assert any("descendant(s) ended" in outcome for outcome in reported_trees(jobs)), result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_an_idle_actors_tree_on_the_other_node_is_left(two_nodes, jobs):
+    from test_ray_tree import tree_job
+
+    result, tree, _ = tree_job(jobs, "end", shim=False, RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE)
+    left = wait_until_empty(lambda: alive(tree), within=2 * GRACE + 2 * LOAD_MARGIN)
+    print(f"without the shim, another node: {len(left)} of {len(tree)} of the actor's processes left")
+    assert left, result
+
+
 @pytest.mark.needs_torch
 @pytest.mark.parametrize("how", ["detached-job", "detached-option"])
 def test_a_detached_actor_keeps_its_run_open_after_the_driver_exits(two_nodes, how, tmp_path):

@@ -7,8 +7,9 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - When the creating process exits, its actors are force-killed with no Python hook, and a call
   queued behind a running method never runs. So at its exit, at `ray.shutdown()` and before Ray
   kills its own processes (the head node's SIGTERM handler), each live, non-detached actor it
-  created that recorded something (ray_worker._announce) is sent SIGTERM, which ray_worker.py turns
-  into its teardown; the others are left to Ray. A stopped job's GCS is going away: its driver asks
+  created that recorded something (ray_worker._announce) or has processes of its own is sent
+  SIGTERM, which ray_worker.py turns into its teardown; the others are left to Ray. A stopped job's
+  GCS is going away: its driver asks
   GCS nothing then (every actor is sent SIGTERM at once), and the pids were looked up soon after
   the actors started (`_learn`).
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
@@ -138,14 +139,16 @@ def collect(obj, timeout):
 
 
 def finalize_collected(timeout):
-    """SIGTERM the live actors that recorded something (all of them once this process took a SIGTERM:
-    a second spent asking a dying GCS can be one the actors do not have), then wait for all to be gone."""
+    """SIGTERM the live actors that recorded something or have processes (all of them once this process
+    took a SIGTERM: a second spent asking a dying GCS can be one the actors do not have), then wait for
+    all to be gone."""
     deadline = time.monotonic() + timeout
     objs, _collected[:] = list(_collected), []
     handles = [o for o in objs if not isinstance(o, _Ending)]
     ids = [h._ray_actor_id.hex() for h in handles]
-    live, now = set(ids) if ray_worker.stopped else armed(ids), time.time()
-    live |= _with_processes(set(ids) - live, now)
+    announced, now = {} if ray_worker.stopped else armed(ids), time.time()
+    live = set(ids) if ray_worker.stopped else {i for i, said in announced.items() if said != ray_worker.STARTED}
+    live |= _with_processes(set(ids) - live, now, announced)
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
@@ -165,10 +168,11 @@ def finalize_collected(timeout):
                      + trees)
 
 
-def _with_processes(actor_ids, now):
-    """Which of these actors (their records learned, on this node) have processes of their own, or
-    left some when they crashed: they are ended as the ones that recorded something, so that their
-    descendants end after them. Asks no GCS."""
+def _with_processes(actor_ids, now, announced):
+    """Which of these actors have processes of their own, or left some when they crashed: they are
+    ended as the ones that recorded something, so that their descendants end after them. On this
+    node psutil tells, from their learned records; on another, those that announced starting one
+    (`announced`: its GCS key, read with the others). Asks no GCS."""
     if not actor_ids:
         return set()
     import ray
@@ -176,19 +180,23 @@ def _with_processes(actor_ids, now):
     try:
         here = ray.get_runtime_context().get_node_id()
     except Exception:
-        return set()
+        here = None
     found = set()
     for actor_id in actor_ids:
         info = _known.get(actor_id) or {}
         pid, seen = info.get("Pid"), info.get("seen", now)
-        if pid and info.get("Address", {}).get("NodeID") == here and (descendants(pid, seen) or (
+        if here is None or info.get("Address", {}).get("NodeID") != here:
+            if actor_id in announced:
+                found.add(actor_id)
+        elif pid and (descendants(pid, seen) or (
                 not kill_if_same_process(pid, seen, 0) and descendants(pid, seen, actor_id, gone_at=clock()))):
             found.add(actor_id)
     return found
 
 
 def armed(actor_ids):
-    """Which of these actors recorded something, taking their keys out of GCS; all if GCS is silent 1 s."""
+    """{actor id: b"" (recorded something) or STARTED} of these actors, taking their keys out of GCS;
+    all as recorded if GCS is silent 1 s."""
     import ray
 
     try:
@@ -199,8 +207,8 @@ def armed(actor_ids):
             gcs.internal_kv_del(key, False, ray_worker.ARMED, timeout=1.0)
     except Exception:
         log.debug_exception("could not ask GCS which actors recorded something")
-        return set(actor_ids)
-    return {key.decode() for key in found}
+        return dict.fromkeys(actor_ids, b"")
+    return {key.decode(): value for key, value in found.items()}
 
 
 # ---- ending actors ------------------------------------------------------------

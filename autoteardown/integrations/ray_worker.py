@@ -34,6 +34,7 @@ TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
 ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down
+STARTED = b"started"  # the value there of an actor that has started processes but recorded nothing
 _patches: "Patches | None" = None  # the ray integration's, for the Ray Train hooks
 _main = threading.main_thread().ident
 _in_method = 0    # actor methods running in the main thread
@@ -43,6 +44,7 @@ _tearing = False  # the teardown has begun
 _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 _marked = False   # ray_reaper.mark() was called (or this is no actor)
+_started = False  # this actor announced a process it started
 
 
 def patch(patches: Patches) -> None:
@@ -68,16 +70,28 @@ def _in_actor():
     return worker.mode == ray.WORKER_MODE and not worker.actor_id.is_nil()
 
 
-def _announce():
-    """Tell GCS, in one quick request at the first record, that this actor has something to tear down."""
+def _announce(value=b""):
+    """Tell GCS, in one quick request, that this actor has something to tear down: at the first
+    record, or (STARTED, never over a record's) at the first process it starts, which its driver
+    must end with it and cannot see on another node."""
     try:
         if _in_actor():
             import ray
 
             worker = ray._private.worker.global_worker
-            worker.gcs_client.internal_kv_put(worker.actor_id.hex().encode(), b"", True, ARMED, timeout=1)
+            worker.gcs_client.internal_kv_put(worker.actor_id.hex().encode(), value, not value, ARMED, timeout=1)
     except Exception:
         log.debug_exception("could not announce this actor")
+
+
+def _on_process_started(wrapped, instance, args, kwargs):
+    """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on."""
+    global _started
+    result = wrapped(*args, **kwargs)
+    if not _started:
+        _started = True
+        _announce(STARTED)
+    return result
 
 
 # ---- SIGTERM: the handler asks, the exit path tears down ------------------------
@@ -182,14 +196,21 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
 
 def _mark():
-    """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py)."""
+    """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py),
+    and its first process is announced."""
     global _marked
     _marked = True
     try:
         if _in_actor():
+            import multiprocessing.process
+            import subprocess
+
             import ray
 
             ray_reaper.mark(ray._private.worker.global_worker.actor_id.hex())
+            if _patches is not None:
+                _patches.wrap(subprocess.Popen, "__init__", _on_process_started)
+                _patches.wrap(multiprocessing.process.BaseProcess, "start", _on_process_started)
     except Exception:
         log.debug_exception("could not mark this actor's environment")
 
