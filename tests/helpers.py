@@ -170,6 +170,20 @@ def wait_for_line(proc, prefix, timeout=60):
     raise AssertionError(f"no {prefix!r} line; got {''.join(lines)!r}; stderr {proc.stderr.read()!r}")
 
 
+def wait_for_ranks(proc, ranks=2, timeout=180):
+    """Read a torchrun job's stdout until each rank has printed "READY <rank>"; the lines read."""
+    ready, seen, deadline = set(), [], time.monotonic() + timeout
+    while len(ready) < ranks and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("READY"):
+            ready.add(line.split()[1])
+    assert ready == {str(rank) for rank in range(ranks)}, ("".join(seen), proc.poll())
+    return seen
+
+
 def alive(pids):
     """The pids among these that are still running (zombies count as gone)."""
     result = []

@@ -12,7 +12,17 @@ import time
 import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, SCRIPTS, base_env, free_port, noise, wait_for_line, wait_gone, wait_session_gone
+from helpers import (
+    LOAD_MARGIN,
+    SCRIPTS,
+    base_env,
+    free_port,
+    noise,
+    wait_for_line,
+    wait_for_ranks,
+    wait_gone,
+    wait_session_gone,
+)
 
 # The process checkpointer's writer joins a TCPStore on MASTER_ADDR (the host's name when
 # unset, which a sandbox may not resolve); torchrun sets it.
@@ -137,15 +147,7 @@ def test_two_ranks_under_torchrun_stopped_mid_save(jobs, shim, target):
                        str(SCRIPTS / "checkpoint_job.py"), str(jobs.dir), "sigterm", "50"],
                       env=base_env(shim=shim, **jobs.env(OMP_NUM_THREADS=1)),
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready, seen, deadline = set(), [], time.monotonic() + 180
-    while len(ready) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith("READY"):
-            ready.add(line.split()[1])
-    assert ready == {"0", "1"}, ("".join(seen), proc.poll())
+    seen = wait_for_ranks(proc, timeout=180)
     time.sleep(0.3)
     job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
     for pid in job if target == "scancel" else ():

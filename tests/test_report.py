@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, base_env, free_port, python
+from helpers import ROOT, base_env, free_port, python, wait_for_ranks
 
 
 def test_describe_never_raises_and_falls_back_to_the_type_name():
@@ -78,7 +78,6 @@ def test_real_resources_are_named_as_the_user_knows_them(jobs, tmp_path):
 def test_the_report_of_a_sigterm_to_a_two_rank_torchrun_job(jobs, tmp_path, target):
     import os
     import signal
-    import time
 
     out = tmp_path / "report.jsonl"
     script = str(ROOT / "tests" / "scripts" / "report_torchrun.py")
@@ -87,15 +86,7 @@ def test_the_report_of_a_sigterm_to_a_two_rank_torchrun_job(jobs, tmp_path, targ
     proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script],
                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ready, seen, deadline = set(), [], time.monotonic() + 120
-    while len(ready) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith("READY"):
-            ready.add(line.split()[1])
-    assert ready == {"0", "1"}, ("".join(seen), proc.poll())
+    seen = wait_for_ranks(proc, timeout=120)
     if target == "torchrun":
         proc.send_signal(signal.SIGTERM)  # torchrun hands it on to both ranks (their process groups)
     else:
