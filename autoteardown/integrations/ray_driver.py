@@ -14,8 +14,6 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
-  An actor that ends actors is itself ended at its grace, maybe first: at its teardown it hands the
-  endings on its node still under way to a detached reaper process (ray_reaper.hand_off).
 """
 
 import signal
@@ -25,7 +23,7 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import clock, descendants, hand_off, kill_if_same_process, remote_kill_on, signal_running
+from .ray_reaper import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -153,12 +151,9 @@ def finalize_collected(timeout):
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
-    handed = 0
     try:
         for actor in ending:
             actor.locate()
-        if ray_worker.in_actor():  # its end comes at its grace: what it watches here must outlive it
-            handed = _hand_off(ending)
         # The actors' grace, then their descendants' (ray_reaper's rule).
         until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
@@ -168,20 +163,8 @@ def finalize_collected(timeout):
     idle = len(objs) - len(ending)
     trees = [f"{actor.class_name} {actor.actor_id[:8]} (pid {actor.pid}): {actor.ended} descendant(s) ended"
              for actor in ending if actor.ended]
-    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
-                      + (f", {handed} handed to a reaper process" if handed else "")] + trees)
-
-
-def _hand_off(ending):
-    """The endings on this node still under way go to ray_reaper.hand_off; how many actors."""
-    here = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid and actor.kill_task is None}
-    if here:
-        hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here.values()],
-                 config.RAY_GRACE)
-        for actor in ending:
-            if actor.actor_id in here:
-                actor.finish()
-    return len(here)
+    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")]
+                     + trees)
 
 
 def _with_processes(actor_ids, now, announced):

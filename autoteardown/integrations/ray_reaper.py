@@ -122,12 +122,12 @@ def _make():
         signal_running(left, 9)
         return len(running)
 
-    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0, known=()):
+    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0):
         """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
-        then end its descendants (with `known`, an earlier look). (Was it killed, how many were ended.)"""
+        then end its descendants. (Was it killed, how many descendants were ended.)"""
         import time
 
-        tree = descendants(pid, not_after, None, known)
+        tree = descendants(pid, not_after)
         if signum:
             kill_if_same_process(pid, not_after, signum)
         killed = False
@@ -143,27 +143,6 @@ def _make():
 
 
 kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
-
-
-def hand_off(endings, grace):
-    """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
-    of its own that outlives this one: an actor's own end comes at its grace, before what it watches
-    may have ended. Started through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct
-    children), in a session of its own, without the marker (so no actor's descendant)."""
-    import json
-    import subprocess
-    import sys
-
-    env = {key: value for key, value in os.environ.items() if key != MARKER}
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
-    reap = ("import json, sys\nfrom autoteardown.integrations.ray_reaper import kill_when_due\n"
-            "for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):\n"
-            "    kill_when_due(pid, not_after, due, None, actor_id, float(sys.argv[2]), known)")
-    detach = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
-    subprocess.run([sys.executable, "-c", detach, sys.executable, "-c", reap, json.dumps(endings), str(grace)],
-                   env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   timeout=10, check=False)
 
 
 def remote_kill_on(node_id):
