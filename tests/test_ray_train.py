@@ -68,16 +68,26 @@ def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
     assert wait_gone(pids, within=10.0) == [], result
 
 
-@needs_v2
-def test_a_train_workers_processes_end_with_the_worker_group(jobs):
+@pytest.mark.parametrize("v2", [pytest.param(True, marks=needs_v2), False], ids=["v2", "v1"])
+def test_a_train_workers_processes_end_with_the_worker_group(jobs, v2):
     # Each rank starts a process that starts one in a new session: the worker group's
-    # shutdown (shutdown(), then ray.kill) ends them with their worker, while the driver
-    # still runs (ray_reaper's rule, applied by the controller that holds the workers).
-    result, found, pids = train(jobs, "tree", AUTOTEARDOWN_RAY_GRACE_S="2")
+    # shutdown (v2: shutdown(), then ray.kill; v1: __ray_terminate__) ends them with their
+    # worker, while the driver still runs (ray_reaper's rule, applied by the controller or
+    # trial actor that holds the workers; v1's trial actor ends first and hands them on).
+    result, found, pids = train(jobs, "tree", v2=v2, AUTOTEARDOWN_RAY_GRACE_S="2")
     assert "FIT: ok" in result.stdout, result
     assert len(found) == 2, result
     assert re.search(r"^TREE_LEFT: *$", result.stdout, re.M), result
     assert wait_gone(pids, within=10.0) == [], result
+
+
+@pytest.mark.baseline
+@pytest.mark.parametrize("v2", [pytest.param(True, marks=needs_v2), False], ids=["v2", "v1"])
+def test_without_the_shim_a_train_workers_new_session_process_is_left(jobs, v2):
+    result, found, pids = train(jobs, "tree", shim=False, v2=v2, AUTOTEARDOWN_RAY_GRACE_S="2")
+    left = re.search(r"^TREE_LEFT:(.*)$", result.stdout, re.M)
+    print(f"without the shim: {len((left.group(1) if left else '').split())} rank process(es) left")
+    assert left and left.group(1).strip(), result
 
 
 @needs_v2

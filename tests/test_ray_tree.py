@@ -23,7 +23,7 @@ GRACE = 2.0
 # Ray's exit of an actor that has children can hang in its interpreter's last garbage
 # collection (without the shim too): the reaper kills it at the grace, in one line.
 REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
-ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash"]
+ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "nested"]
 
 
 def tree_job(jobs, ending, shim=True, **env):
@@ -97,6 +97,18 @@ def test_a_process_that_is_not_the_actors_is_never_signalled():
     finally:
         stranger.kill()
         stranger.wait(10)
+
+
+def test_a_reaper_under_the_actor_is_not_its_process():
+    # hand_off's reaper is started from the actor: found under it, it is still not the actor's.
+    from autoteardown.integrations.ray_reaper import MARKER, REAPER, descendants
+
+    reaper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, MARKER: REAPER})
+    try:  # (Popen returns once the child has exec'd: its environment is the one given)
+        assert reaper.pid not in dict(descendants(os.getpid(), not_after=time.time()))
+    finally:
+        reaper.kill()
+        reaper.wait(10)
 
 
 def test_a_restarted_actors_processes_are_not_the_ended_ones():

@@ -14,6 +14,8 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
+  An actor that ends actors is itself ended at its grace, maybe first: at its teardown it hands the
+  endings on its node still under way to a detached reaper process (ray_reaper.hand_off).
 """
 
 import signal
@@ -23,7 +25,7 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
+from .ray_reaper import clock, descendants, hand_off, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -151,9 +153,12 @@ def finalize_collected(timeout):
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
+    handed = 0
     try:
         for actor in ending:
             actor.locate()
+        if ray_worker.in_actor():  # its end comes at its grace: what it watches here must outlive it
+            handed = _hand_off(ending, deadline)
         # The actors' grace, then their descendants' (ray_reaper's rule).
         until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
@@ -163,8 +168,23 @@ def finalize_collected(timeout):
     idle = len(objs) - len(ending)
     trees = [f"{actor.class_name} {actor.actor_id[:8]} (pid {actor.pid}): {actor.ended} descendant(s) ended"
              for actor in ending if actor.ended]
-    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")]
-                     + trees)
+    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
+                      + (f", {handed} handed to a reaper process" if handed else "")] + trees)
+
+
+def _hand_off(ending, deadline):
+    """The endings on this node still under way go to ray_reaper.hand_off; how many actors. One a
+    runner is still locating is waited for: until it has its pid, it is no ending to hand on."""
+    for actor in ending:
+        actor.located.wait(max(0.0, deadline - time.monotonic()))
+    here = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid and actor.kill_task is None}
+    if here:
+        hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here.values()],
+                 config.RAY_GRACE)
+        for actor in ending:
+            if actor.actor_id in here:
+                actor.finish()
+    return len(here)
 
 
 def _with_processes(actor_ids, now, announced):
@@ -229,6 +249,7 @@ class _Ending:
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
         self.done = False
+        self.located = threading.Event()  # locate() has run: pid, tree or kill_task known (or done)
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
     def locate(self):
@@ -256,10 +277,13 @@ class _Ending:
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
+            self.located.set()
             self.watch()
         except Exception:
             log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()
+        finally:
+            self.located.set()
 
     def watch(self):
         if not self.poll():

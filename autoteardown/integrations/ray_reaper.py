@@ -7,7 +7,8 @@ SIGKILL AUTOTEARDOWN_RAY_GRACE_S later. A process is the actor's if it was under
 parent chain when the actor was told to end, or if it carries the actor's id in its environment
 (MARKER: set in the actor before its first method, inherited by whatever it starts, and kept by a
 process its parent's death left with PID 1), and in both cases was created after the actor (and,
-for the id, before it was gone: a restarted actor keeps its id).
+for the id, before it was gone: a restarted actor keeps its id). A reaper (hand_off's, REAPER as
+its MARKER) is never an actor's: it may be under one for a moment, and it must outlive it.
 Every signal first checks the process's creation time, so a reused pid is never signalled.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
@@ -20,6 +21,7 @@ zero-CPU task on the actor's node, where autoteardown may not be installed.
 import os
 
 MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
+REAPER = "reaper"  # MARKER's value in hand_off's processes: no actor id
 
 
 def mark(actor_id: str) -> None:
@@ -73,7 +75,11 @@ def _make():
             if root.create_time() <= not_after:  # not a reused pid
                 born = root.create_time()
                 for child in root.children(recursive=True):
-                    found[child.pid] = child.create_time()
+                    try:
+                        if child.environ().get(MARKER) != REAPER:
+                            found[child.pid] = child.create_time()
+                    except psutil.Error:
+                        pass
         except psutil.Error:  # gone: its id and the earlier look tell its processes
             pass
         if actor_id:
@@ -122,12 +128,12 @@ def _make():
         signal_running(left, 9)
         return len(running)
 
-    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0):
+    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0, known=()):
         """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
-        then end its descendants. (Was it killed, how many descendants were ended.)"""
+        then end its descendants (with `known`, an earlier look). (Was it killed, how many were ended.)"""
         import time
 
-        tree = descendants(pid, not_after)
+        tree = descendants(pid, not_after, None, known)
         if signum:
             kill_if_same_process(pid, not_after, signum)
         killed = False
@@ -145,6 +151,24 @@ def _make():
 kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
 
 
+def hand_off(endings, grace):
+    """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
+    of its own that outlives this one: an actor's own end comes at its grace, before what it watches
+    may have ended. Started through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct
+    children), in a session of its own, marked as a reaper (so no actor's descendant). Both run this
+    file without `site` (-S), so that no sitecustomize, and no autoteardown, slows the actor's teardown."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, MARKER: REAPER}
+    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
+    reaper = [sys.executable, "-S", os.path.abspath(__file__), json.dumps(endings), str(grace)]
+    detach = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
+    subprocess.run([sys.executable, "-S", "-c", detach, *reaper], env=env, stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+
 def remote_kill_on(node_id):
     """`kill_when_due` as a zero-CPU task pinned to that node."""
     import ray
@@ -152,3 +176,14 @@ def remote_kill_on(node_id):
 
     task = ray.remote(num_cpus=0, max_retries=0)(kill_when_due)
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+
+
+if __name__ == "__main__":  # hand_off's reaper: every ending at once
+    import sys
+
+    del sys.path[0]  # this file's folder: its modules are named as libraries are
+    import json
+    import threading
+
+    for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):
+        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, float(sys.argv[2]), known)).start()

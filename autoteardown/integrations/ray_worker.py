@@ -63,7 +63,7 @@ def patch(patches: Patches) -> None:
     importhook.register(TRAIN_V2_RUNNER, "autoteardown.integrations.ray_worker:patch_train_runner")
 
 
-def _in_actor():
+def in_actor():
     import ray
 
     worker = ray._private.worker.global_worker
@@ -75,7 +75,7 @@ def _announce(value=b""):
     record, or (STARTED, never over a record's) at the first process it starts, which its driver
     must end with it and cannot see on another node."""
     try:
-        if _in_actor():
+        if in_actor():
             import ray
 
             worker = ray._private.worker.global_worker
@@ -85,10 +85,11 @@ def _announce(value=b""):
 
 
 def _on_process_started(wrapped, instance, args, kwargs):
-    """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on."""
+    """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on;
+    not in its teardown (a reaper's), when the actor is ending already and a GCS request costs its budget."""
     global _started
     result = wrapped(*args, **kwargs)
-    if not _started:
+    if not _started and not _tearing:
         _started = True
         _announce(STARTED)
     return result
@@ -109,7 +110,7 @@ def _ask(handler, signum, frame):
         return  # another SIGTERM (a dying raylet's) while ours ends the actor: not into the teardown
     _defer_ray_abort()
     stopped = True
-    if not _in_actor():
+    if not in_actor():
         # A driver: Ray's handler unwinds (sys.exit), and ray_driver ends the actors first. With
         # Ray's abort deferred, the end is ours to guarantee, even if that SystemExit is lost.
         signals.unwound_by_another(signum)
@@ -201,7 +202,7 @@ def _mark():
     global _marked
     _marked = True
     try:
-        if _in_actor():
+        if in_actor():
             import multiprocessing.process
             import subprocess
 
@@ -217,7 +218,7 @@ def _mark():
 
 def _on_actor_exit(wrapped, instance, args, kwargs):
     try:
-        if _in_actor():
+        if in_actor():
             _teardown(interrupted=False)
     except Exception:
         log.debug_exception("in-band finalize at exit_actor failed")
@@ -273,7 +274,7 @@ def _finalize_train_worker():
     import ctypes
 
     try:
-        if not _in_actor():
+        if not in_actor():
             return
         code, budget = train_exit_code(), _budget(_train_patience())
         thread = getattr(_train_runner(), "_thread", None)

@@ -11,7 +11,9 @@ process of its own (BYSTANDER), which no ending may touch.
 ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTERM),
 shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
 (`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
-(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait).
+(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), nested (an actor,
+Holder, created the Engine and keeps it busy: it sends the Engine `__ray_terminate__`, and the
+driver at once sends Holder one, then the same wait).
 
 TREE_ON_NODE: the actor goes to the node with that custom resource (RAY_ADDRESS: a cluster).
 Prints ACTOR: pid, TREE: the tree's pids, BYSTANDER: pid, READY once busy."""
@@ -81,15 +83,32 @@ class Engine:
             time.sleep(0.1)
 
 
+@ray.remote(num_cpus=0)
+class Holder:
+    def start(self, **placement):
+        self.engine = Engine.options(**placement).remote()
+        started = ray.get(self.engine.start.remote())
+        self.busy = self.engine.busy.remote()
+        return started
+
+    def end_engine(self):
+        self.engine.__ray_terminate__.remote()
+
+
 local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}
 ray.init(**local)
 bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 # TREE_ON_NODE: a custom resource only another node of the cluster has.
 placement = {"resources": {os.environ["TREE_ON_NODE"]: 0.01}} if os.environ.get("TREE_ON_NODE") else {}
-engine = Engine.options(runtime_env={"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}, **placement).remote()
-pid, tree = ray.get(engine.start.remote())
+runtime_env = {"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}
+if ENDING == "nested":
+    holder = Holder.options(runtime_env=runtime_env).remote()
+    pid, tree = ray.get(holder.start.remote(runtime_env=runtime_env, **placement))
+else:
+    engine = Engine.options(runtime_env=runtime_env, **placement).remote()
+    pid, tree = ray.get(engine.start.remote())
+    busy = engine.busy.remote()
 say(f"ACTOR: {pid}\nTREE: {' '.join(map(str, tree))}\nBYSTANDER: {bystander.pid}")
-busy = engine.busy.remote()
 time.sleep(1)  # the method is running
 say("READY")
 if ENDING == "sigterm":
@@ -98,6 +117,9 @@ elif ENDING == "shutdown":
     ray.shutdown()
 elif ENDING in ("terminate", "hang"):
     engine.__ray_terminate__.remote()
+elif ENDING == "nested":
+    ray.get(holder.end_engine.remote())
+    holder.__ray_terminate__.remote()
 elif ENDING == "kill":
     ray.kill(engine)
 if ENDING != "end":
