@@ -20,7 +20,6 @@ RAY_TRAIN_V2_ENABLED=0 selects the legacy Train (v1)."""
 import json
 import os
 import sys
-import tempfile
 import time
 
 import ray
@@ -111,7 +110,7 @@ from ray.train import RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
 
 trainer = TorchTrainer(train_func, scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 0.5}),
-                       run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="atd-train-")))
+                       run_config=RunConfig(storage_path=os.path.join(os.path.dirname(os.environ["OUT_DIR"]), "storage")))
 print("FIT: start", flush=True)
 try:
     trainer.fit()
