@@ -23,7 +23,7 @@ GRACE = 2.0
 # Ray's exit of an actor that has children can hang in its interpreter's last garbage
 # collection (without the shim too): the reaper kills it at the grace, in one line.
 REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
-ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "nested"]
+ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested"]
 
 
 def tree_job(jobs, ending, shim=True, **env):
@@ -63,7 +63,7 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
     assert released(folder), result  # SIGTERM first: the new-session worker ran its handler
     (bystander,) = [int(p) for p in re.findall(r"^BYSTANDER: (\d+)", result.stdout, re.M)]
     assert alive([bystander]) == [bystander], result  # the driver's own process is never signalled
-    if ending in ("end", "end-record", "sigterm", "crash"):  # ended by the driver's exit: in its report
+    if ending in ("end", "end-record", "sigterm", "crash", "segfault"):  # ended by the driver's exit: in its report
         assert any(re.search(r"Engine \w{8} \(pid \d+\): \d+ descendant\(s\) ended", outcome)
                    for outcome in reported_trees(jobs)), (reported_trees(jobs), result)
     if ending == "sigterm":
@@ -74,7 +74,7 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
 
 
 @pytest.mark.baseline
-@pytest.mark.parametrize("ending", ["end", "sigterm", "crash"])
+@pytest.mark.parametrize("ending", ["end", "sigterm", "crash", "segfault"])
 def test_without_the_shim_an_actors_grandchildren_are_left(jobs, ending):
     result, tree, _ = tree_job(jobs, ending, shim=False)
     left = wait_until_empty(lambda: alive(tree), within=2 * GRACE + LOAD_MARGIN)

@@ -5,9 +5,9 @@ ray_train_job.py return|raise|hang|other-rank-raises|tree|checkpoint
 (raise: rank 0 raises after its steps, rank 1 returns; hang: both loop after
 their steps until the driver is stopped with SIGTERM; other-rank-raises: rank 1
 raises once rank 0 has logged 6 steps; rank 0 logs one each batch, waiting in
-next() for its slow dataset; tree: each rank also starts a process that starts one in a
-new session, as an inference engine would, and returns; the driver then waits for every
-rank's children to be gone, up to 2 x AUTOTEARDOWN_RAY_GRACE_S + 10 s, and prints
+next() for its slow dataset; tree: each rank also starts a multiprocessing spawn child (as
+vLLM's engine core) whose subprocess starts a process in a new session, and returns; the
+driver then waits for every rank's children to be gone, up to 2 x AUTOTEARDOWN_RAY_GRACE_S + 10 s, and prints
 "TREE_LEFT: pids" before it ends; checkpoint: as hang, each rank first starting an async
 torch.distributed.checkpoint save of its 50 MB shard to OUT_DIR/../ckpt through a storage
 that waits SLOW_WRITE_S before it writes.) Legacy v1 reserves a CPU for its trainer actor:
@@ -81,15 +81,18 @@ def train_func():
     import torch.distributed
 
     torch.distributed.barrier()  # both ranks have done their steps (rank 0 its wandb.init)
-    if MODE == "tree":
+    if MODE == "tree":  # the engine core: a spawn child whose subprocess starts a worker in a new session
+        import multiprocessing
         import subprocess
+
+        import psutil
 
         sleeper = "import time\nwhile True: time.sleep(0.1)"
         engine = f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', {sleeper!r}], start_new_session=True)\n"
-        import psutil
-
-        helper = subprocess.Popen([sys.executable, "-c", engine + sleeper])
-        while not psutil.Process(helper.pid).children():
+        __main__.CORE = multiprocessing.get_context("spawn").Process(
+            target=subprocess.call, args=([sys.executable, "-c", engine + sleeper],), daemon=True)
+        __main__.CORE.start()
+        while len(psutil.Process(__main__.CORE.pid).children(recursive=True)) < 2:
             time.sleep(0.05)
     if MODE == "checkpoint":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

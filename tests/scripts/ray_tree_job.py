@@ -11,7 +11,8 @@ process of its own (BYSTANDER), which no ending may touch.
 ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTERM),
 shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
 (`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
-(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), nested (an actor,
+(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), segfault (the
+actor reads address 0, the same wait), nested (an actor,
 Holder, created the Engine and keeps it busy: it sends the Engine `__ray_terminate__`, and the
 driver at once sends Holder one, then the same wait).
 
@@ -79,6 +80,10 @@ class Engine:
     def busy(self):
         if ENDING == "crash":
             os._exit(1)
+        if ENDING == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
         while True:
             time.sleep(0.1)
 
