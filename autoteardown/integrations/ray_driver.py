@@ -15,7 +15,8 @@ Train's controller): actors it ends really end, and live ones tear down first.
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
   An actor that ends actors is itself ended at its grace, maybe first: at its teardown it hands the
-  endings on its node still under way to a detached reaper process (ray_reaper.hand_off).
+  endings still under way on, those on its node to a detached reaper process (ray_reaper.hand_off),
+  those on another to a detached actor there (its own task there would die with it).
 """
 
 import signal
@@ -25,7 +26,15 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import clock, descendants, hand_off, kill_if_same_process, remote_kill_on, signal_running
+from .ray_reaper import (
+    clock,
+    descendants,
+    detached_kill_on,
+    hand_off,
+    kill_if_same_process,
+    remote_kill_on,
+    signal_running,
+)
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -173,18 +182,38 @@ def finalize_collected(timeout):
 
 
 def _hand_off(ending, deadline):
-    """The endings on this node still under way go to ray_reaper.hand_off; how many actors. One a
-    runner is still locating is waited for: until it has its pid, it is no ending to hand on."""
+    """The endings still under way are handed on; how many actors. On this node to ray_reaper.hand_off;
+    on another to a detached actor there (its task dies with this actor). One a runner is still
+    locating is waited for: until it has its pid, it is no ending to hand on."""
     for actor in ending:
         actor.located.wait(max(0.0, deadline - time.monotonic()))
-    here = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid and actor.kill_task is None}
+    under_way = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid}
+    here = [a for a in under_way.values() if a.kill_task is None]
     if here:
-        hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here.values()],
+        hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here],
                  config.RAY_GRACE)
         for actor in ending:
-            if actor.actor_id in here:
+            if actor.kill_task is None and actor.actor_id in under_way:
                 actor.finish()
-    return len(here)
+    for a in under_way.values():
+        if a.kill_task is not None:
+            _hand_on_elsewhere(a, [e for e in ending if e.actor_id == a.actor_id])
+    return len(under_way)
+
+
+def _hand_on_elsewhere(actor, endings):
+    """Its task is cancelled once the detached actor has it: Ray's exit of this actor would wait for it."""
+    import ray
+
+    try:
+        detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after, actor.requested_at + config.RAY_GRACE,
+                                               actor.signum, actor.actor_id, config.RAY_GRACE)
+    except Exception:
+        log.debug_exception("could not hand on the ending of actor %s", actor.actor_id[:8])
+        return  # the task goes on, and this actor's exit waits for it as long as Ray lets it
+    for ending in endings:
+        ray.cancel(ending.kill_task, force=True)
+        ending.finish()
 
 
 def _with_processes(actor_ids, now, announced):
@@ -244,7 +273,7 @@ class _Ending:
         # Its process is one created before this (wall clock): a later process at its pid is not it.
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
-        self.pid = self.kill_task = None
+        self.pid = self.kill_task = self.node_id = None
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
@@ -267,7 +296,7 @@ class _Ending:
                 return self.finish()
             if state == "DEAD" and ended_ms:  # a process at its pid created after that is not it
                 self.not_after = min(self.not_after, ended_ms / 1000)
-            node_id = info.get("Address", {}).get("NodeID")
+            self.node_id = node_id = info.get("Address", {}).get("NodeID")
             if node_id and node_id != ray.get_runtime_context().get_node_id():
                 self.kill_task = remote_kill_on(node_id).remote(
                     pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,

@@ -169,6 +169,37 @@ def hand_off(endings, grace):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
 
 
+def detached_kill_on(node_id):
+    """`kill_when_due` in a detached zero-CPU actor pinned to that node, which then ends itself: what
+    an actor hands on at its own end for another node. A task there would be the actor's, and Ray
+    kills a task with its owner; a detached actor has none."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    reaper = ray.remote(num_cpus=0, max_restarts=0)(_reaper_class())
+    return reaper.options(lifetime="detached", scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+def _reaper_class():
+    """Built in a function, so that cloudpickle ships it by value (see `_make`)."""
+
+    class Reaper:
+        def __init__(self, *args):
+            import threading
+
+            threading.Thread(target=self.reap, args=args, daemon=True).start()  # the constructor returns
+
+        def reap(self, *args):
+            import ray
+
+            try:
+                kill_when_due(*args)
+            finally:
+                ray.kill(ray.get_runtime_context().current_actor)
+
+    return Reaper
+
+
 def remote_kill_on(node_id):
     """`kill_when_due` as a zero-CPU task pinned to that node."""
     import ray
