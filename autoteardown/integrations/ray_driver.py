@@ -184,36 +184,45 @@ def finalize_collected(timeout):
 def _hand_off(ending, deadline):
     """The endings still under way are handed on; how many actors. On this node to ray_reaper.hand_off;
     on another to a detached actor there (its task dies with this actor). One a runner is still
-    locating is waited for: until it has its pid, it is no ending to hand on."""
+    locating is waited for: until it has its pid, it is no ending to hand on. What cannot be handed
+    on is watched here for as long as this actor lives."""
+    import ray
+
     for actor in ending:
         actor.located.wait(max(0.0, deadline - time.monotonic()))
     under_way = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid}
     here = [a for a in under_way.values() if a.kill_task is None]
+    handed = set()
     if here:
-        hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here],
-                 config.RAY_GRACE)
-        for actor in ending:
-            if actor.kill_task is None and actor.actor_id in under_way:
-                actor.finish()
+        try:
+            hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here],
+                     config.RAY_GRACE)
+            handed.update(a.actor_id for a in here)
+        except Exception:
+            log.debug_exception("could not hand on the endings on this node")
     for a in under_way.values():
-        if a.kill_task is not None:
-            _hand_on_elsewhere(a, [e for e in ending if e.actor_id == a.actor_id])
-    return len(under_way)
+        if a.kill_task is not None and _hand_on_elsewhere(a):
+            handed.add(a.actor_id)
+    for actor in ending:
+        if actor.actor_id in handed:
+            if actor.kill_task is not None:  # Ray's exit of this actor would wait for it
+                try:
+                    ray.cancel(actor.kill_task, force=True)
+                except Exception:
+                    log.debug_exception("could not cancel the task ending actor %s", actor.actor_id[:8])
+            actor.finish()
+    return len(handed)
 
 
-def _hand_on_elsewhere(actor, endings):
-    """Its task is cancelled once the detached actor has it: Ray's exit of this actor would wait for it."""
-    import ray
-
+def _hand_on_elsewhere(actor):
+    """Its ending to a detached actor on its node; done?"""
     try:
         detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after, actor.requested_at + config.RAY_GRACE,
                                                actor.signum, actor.actor_id, config.RAY_GRACE)
+        return True
     except Exception:
         log.debug_exception("could not hand on the ending of actor %s", actor.actor_id[:8])
-        return  # the task goes on, and this actor's exit waits for it as long as Ray lets it
-    for ending in endings:
-        ray.cancel(ending.kill_task, force=True)
-        ending.finish()
+        return False
 
 
 def _with_processes(actor_ids, now, announced):
