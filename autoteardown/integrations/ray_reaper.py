@@ -145,25 +145,61 @@ def _make():
             killed = kill_if_same_process(pid, not_after)
         return killed, end_tree(descendants(pid, not_after, actor_id, tree, clock()), grace)
 
-    return kill_if_same_process, clock, descendants, signal_running, kill_when_due
+    def watch(pid, not_after, actor_id, grace, period=1.0):
+        """On the actor's node, from its first process on: look at its descendants every `period`
+        until it is gone (a process whose parent died is still known); a grace later (its ender's
+        turn first, whose report counts them), end what still runs of them and of its marked
+        processes. Whoever ended the actor, and whether that one still lives, the tree ends."""
+        import os
+        import select
+        import time
+
+        try:
+            gone_fd = os.pidfd_open(pid)  # readable once the actor has exited
+        except (AttributeError, OSError):  # not Linux 5.3+: look every period
+            gone_fd = None
+        known = []
+        while kill_if_same_process(pid, not_after, 0):
+            known = signal_running(descendants(pid, not_after, None, known), 0)
+            if gone_fd is None:
+                time.sleep(period)
+            else:
+                select.select([gone_fd], [], [], period)
+        gone_at = clock()
+        time.sleep(grace)
+        return end_tree(descendants(pid, not_after, actor_id, known, gone_at), grace)
+
+    return kill_if_same_process, clock, descendants, signal_running, kill_when_due, watch
 
 
-kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
+kill_if_same_process, clock, descendants, signal_running, kill_when_due, watch = _make()
 
 
 def hand_off(endings, grace):
-    """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
-    of its own that outlives this one: an actor's own end comes at its grace, before what it watches
-    may have ended. Started through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct
-    children), in a session of its own, marked as a reaper (so no actor's descendant). Both run this
-    file without `site` (-S), so that no sitecustomize, and no autoteardown, slows the actor's teardown."""
+    """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a
+    process that outlives this one (`_detach`): an actor's own end comes at its grace, before what it
+    watches may have ended."""
     import json
+
+    _detach("endings", json.dumps(endings), str(grace))
+
+
+def watch_from_here(actor_id, grace):
+    """In the actor, at its first process: `watch` it from a process that outlives it (`_detach`)."""
+    _detach("watch", str(os.getpid()), repr(clock()), actor_id, str(grace))
+
+
+def _detach(*args):
+    """Run this file with `args` in a process of its own that outlives the calling actor. Started
+    through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct children), in a session
+    of its own, marked as a reaper (so no actor's descendant). Both run without `site` (-S), so that no
+    sitecustomize, and no autoteardown, slows them or the actor."""
     import subprocess
     import sys
 
     env = {**os.environ, MARKER: REAPER}
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
-    reaper = [sys.executable, "-S", os.path.abspath(__file__), json.dumps(endings), str(grace)]
+    reaper = [sys.executable, "-S", os.path.abspath(__file__), *args]
     detach = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
     subprocess.run([sys.executable, "-S", "-c", detach, *reaper], env=env, stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
@@ -209,12 +245,16 @@ def remote_kill_on(node_id):
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
 
 
-if __name__ == "__main__":  # hand_off's reaper: every ending at once
+if __name__ == "__main__":  # _detach's process: watch an actor, or every ending handed on at once
     import sys
 
     del sys.path[0]  # this file's folder: its modules are named as libraries are
     import json
     import threading
 
-    for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):
-        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, float(sys.argv[2]), known)).start()
+    if sys.argv[1] == "watch":
+        watch(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
+    else:
+        for pid, not_after, due, actor_id, known in json.loads(sys.argv[2]):
+            threading.Thread(target=kill_when_due,
+                             args=(pid, not_after, due, None, actor_id, float(sys.argv[3]), known)).start()
