@@ -185,8 +185,8 @@ kill_if_same_process, clock, descendants, signal_running, kill_when_due, watch =
 def watch_from_here(actor_id, grace):
     """In the actor, at its first process: `watch` it from a process that outlives it. Started through
     a short-lived intermediate (Ray SIGKILLs an exiting actor's direct children), in a session of its
-    own, marked as a reaper (so no actor's descendant). Both run this file without `site` (-S): no
-    sitecustomize, and no autoteardown, costs the actor's first process its start."""
+    own, marked as a reaper (so no actor's descendant). Both run without `site` (-S), so neither
+    imports a sitecustomize or autoteardown."""
     import subprocess
     import sys
 

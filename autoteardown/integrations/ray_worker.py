@@ -89,7 +89,7 @@ def _on_process_started(wrapped, instance, args, kwargs):
     """subprocess.Popen and multiprocessing's start(), in the actor's own process (not a fork child of
     it): at the first, the actor is announced, and its tree watched from a process of its own
     (ray_reaper.watch: it ends the tree whoever ends the actor, even if that one is gone by then). Not
-    in its teardown (a reaper's), when the actor is ending already and a GCS request costs its budget."""
+    in its teardown: the actor is ending already, and a GCS request costs its budget."""
     global _started
     result = wrapped(*args, **kwargs)
     if not _started and not _tearing and os.getpid() == _actor_pid:
@@ -209,7 +209,7 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
 def _mark():
     """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py),
-    and its first process is announced."""
+    and its first process is announced and watched."""
     global _marked, _actor_pid
     _marked = True
     try:
