@@ -14,8 +14,9 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
-  Then it ends the actor's descendants and names them in its report (ray_reaper's rule; should this
-  process end first, the actor's own watcher still ends them).
+  An actor that ends actors is itself ended at its grace, maybe first: at its teardown it hands the
+  endings still under way on, those on its node to a detached reaper process (ray_reaper.hand_off),
+  those on another to a detached actor there (its own task there would die with it).
 """
 
 import signal
@@ -25,7 +26,15 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
+from .ray_reaper import (
+    clock,
+    descendants,
+    detached_kill_on,
+    hand_off,
+    kill_if_same_process,
+    remote_kill_on,
+    signal_running,
+)
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -150,25 +159,70 @@ def finalize_collected(timeout):
     announced, now = {} if ray_worker.stopped else armed(ids), time.time()
     live = set(ids) if ray_worker.stopped else {i for i, said in announced.items() if said != ray_worker.STARTED}
     live |= _with_processes(set(ids) - live, now, announced)
-    started = [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
+    ending = [o for o in objs if isinstance(o, _Ending)]
+    ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
-    # An actor's own end comes at its grace, maybe before theirs: the actors it was ending end
-    # without it (Ray ends the actors it owns with it; each one's watcher ends its tree).
-    ending = started + ([] if ray_worker.in_actor() else [o for o in objs if isinstance(o, _Ending)])
+    handed = 0
     try:
         for actor in ending:
             actor.locate()
+        if ray_worker.in_actor():  # its end comes at its grace: what it watches here must outlive it
+            handed = _hand_off(ending, deadline)
         # The actors' grace, then their descendants' (ray_reaper's rule).
         until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
             time.sleep(0.05)
     finally:
         ray_worker.restore_ray_abort()
-    idle = len(handles) - len(started)
+    idle = len(objs) - len(ending)
     trees = [f"{actor.class_name} {actor.actor_id[:8]} (pid {actor.pid}): {actor.ended} descendant(s) ended"
              for actor in ending if actor.ended]
-    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")]
-                     + trees)
+    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
+                      + (f", {handed} handed to a reaper process" if handed else "")] + trees)
+
+
+def _hand_off(ending, deadline):
+    """The endings still under way are handed on; how many actors. On this node to ray_reaper.hand_off;
+    on another to a detached actor there (its task dies with this actor). One a runner is still
+    locating is waited for: until it has its pid, it is no ending to hand on. What cannot be handed
+    on is watched here for as long as this actor lives."""
+    import ray
+
+    for actor in ending:
+        actor.located.wait(max(0.0, deadline - time.monotonic()))
+    under_way = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid}
+    here = [a for a in under_way.values() if a.kill_task is None]
+    handed = set()
+    if here:
+        try:
+            hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here],
+                     config.RAY_GRACE)
+            handed.update(a.actor_id for a in here)
+        except Exception:
+            log.debug_exception("could not hand on the endings on this node")
+    for a in under_way.values():
+        if a.kill_task is not None and _hand_on_elsewhere(a):
+            handed.add(a.actor_id)
+    for actor in ending:
+        if actor.actor_id in handed:
+            if actor.kill_task is not None:  # Ray's exit of this actor would wait for it
+                try:
+                    ray.cancel(actor.kill_task, force=True)
+                except Exception:
+                    log.debug_exception("could not cancel the task ending actor %s", actor.actor_id[:8])
+            actor.finish()
+    return len(handed)
+
+
+def _hand_on_elsewhere(actor):
+    """Its ending to a detached actor on its node; done?"""
+    try:
+        detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after, actor.requested_at + config.RAY_GRACE,
+                                               actor.signum, actor.actor_id, config.RAY_GRACE)
+        return True
+    except Exception:
+        log.debug_exception("could not hand on the ending of actor %s", actor.actor_id[:8])
+        return False
 
 
 def _with_processes(actor_ids, now, announced):
@@ -228,11 +282,12 @@ class _Ending:
         # Its process is one created before this (wall clock): a later process at its pid is not it.
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
-        self.pid = self.kill_task = None
+        self.pid = self.kill_task = self.node_id = None
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
         self.done = False
+        self.located = threading.Event()  # locate() has run: pid, tree or kill_task known (or done)
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
     def locate(self):
@@ -250,7 +305,7 @@ class _Ending:
                 return self.finish()
             if state == "DEAD" and ended_ms:  # a process at its pid created after that is not it
                 self.not_after = min(self.not_after, ended_ms / 1000)
-            node_id = info.get("Address", {}).get("NodeID")
+            self.node_id = node_id = info.get("Address", {}).get("NodeID")
             if node_id and node_id != ray.get_runtime_context().get_node_id():
                 self.kill_task = remote_kill_on(node_id).remote(
                     pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
@@ -260,10 +315,13 @@ class _Ending:
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
+            self.located.set()
             self.watch()
         except Exception:
             log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()
+        finally:
+            self.located.set()
 
     def watch(self):
         if not self.poll():

@@ -4,19 +4,12 @@ The rule: when an actor's process ends, no process it started is left running. I
 however deep and whatever their session or process group, get SIGTERM once the actor is gone (an
 engine releases its devices in its own handler; the actor's own teardown still had them) and
 SIGKILL AUTOTEARDOWN_RAY_GRACE_S later. A process is the actor's if it was under the actor by
-parent chain when it was last looked at, or if it carries the actor's id in its environment
+parent chain when the actor was told to end, or if it carries the actor's id in its environment
 (MARKER: set in the actor before its first method, inherited by whatever it starts, and kept by a
 process its parent's death left with PID 1), and in both cases was created after the actor (and,
-for the id, before it was gone: a restarted actor keeps its id). Every signal first checks the
-process's creation time, so a reused pid is never signalled.
-
-Two places apply it. The actor, at the first process it starts, starts `watch` in a process of its
-own (`watch_from_here`): it outlives the actor, so the tree ends however the actor ends and whoever
-ended it, even one Ray killed with no Python hook. Whoever ends an actor also ends its descendants
-once it is gone (ray_driver.py, or `kill_when_due` on another node): that one names them in its
-report, and sees processes the actor started without `subprocess` or `multiprocessing`. The
-watcher waits a grace before it acts, so it only ends what that one did not. A watcher (REAPER as
-its MARKER) is never an actor's: it is under the actor for a moment, and it must outlive it.
+for the id, before it was gone: a restarted actor keeps its id). A reaper (hand_off's, REAPER as
+its MARKER) is never an actor's: it may be under one for a moment, and it must outlive it.
+Every signal first checks the process's creation time, so a reused pid is never signalled.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
 (RAY_process_group_cleanup_enabled) miss anything started in a new session. What is left is ours.
@@ -28,7 +21,7 @@ zero-CPU task on the actor's node, where autoteardown may not be installed.
 import os
 
 MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
-REAPER = "reaper"  # MARKER's value in a watcher's processes: no actor id
+REAPER = "reaper"  # MARKER's value in hand_off's processes: no actor id
 
 
 def mark(actor_id: str) -> None:
@@ -135,12 +128,12 @@ def _make():
         signal_running(left, 9)
         return len(running)
 
-    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0):
+    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0, known=()):
         """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
-        then end its descendants. (Was it killed, how many were ended.)"""
+        then end its descendants (with `known`, an earlier look). (Was it killed, how many were ended.)"""
         import time
 
-        tree = descendants(pid, not_after)
+        tree = descendants(pid, not_after, None, known)
         if signum:
             kill_if_same_process(pid, not_after, signum)
         killed = False
@@ -152,50 +145,59 @@ def _make():
             killed = kill_if_same_process(pid, not_after)
         return killed, end_tree(descendants(pid, not_after, actor_id, tree, clock()), grace)
 
-    def watch(pid, not_after, actor_id, grace, period=1.0):
-        """On the actor's node, from its first process on: look at its descendants every `period`
-        until it is gone (a process whose parent died is still known); a grace later (its ender's
-        turn first, whose report counts them), end what still runs of them and of its marked
-        processes. Whoever ended the actor, and whether that one still lives, the tree ends."""
-        import os
-        import select
-        import time
-
-        try:
-            gone_fd = os.pidfd_open(pid)  # readable once the actor has exited
-        except (AttributeError, OSError):  # not Linux 5.3+: look every period
-            gone_fd = None
-        known = []
-        while kill_if_same_process(pid, not_after, 0):
-            known = signal_running(descendants(pid, not_after, None, known), 0)
-            if gone_fd is None:
-                time.sleep(period)
-            else:
-                select.select([gone_fd], [], [], period)
-        gone_at = clock()
-        time.sleep(grace)
-        return end_tree(descendants(pid, not_after, actor_id, known, gone_at), grace)
-
-    return kill_if_same_process, clock, descendants, signal_running, kill_when_due, watch
+    return kill_if_same_process, clock, descendants, signal_running, kill_when_due
 
 
-kill_if_same_process, clock, descendants, signal_running, kill_when_due, watch = _make()
+kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
 
 
-def watch_from_here(actor_id, grace):
-    """In the actor, at its first process: `watch` it from a process that outlives it. Started through
-    a short-lived intermediate (Ray SIGKILLs an exiting actor's direct children), in a session of its
-    own, marked as a reaper (so no actor's descendant). Both run without `site` (-S), so neither
-    imports a sitecustomize or autoteardown."""
+def hand_off(endings, grace):
+    """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
+    of its own that outlives this one: an actor's own end comes at its grace, before what it watches
+    may have ended. Started through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct
+    children), in a session of its own, marked as a reaper (so no actor's descendant). Both run this
+    file without `site` (-S), so that no sitecustomize, and no autoteardown, slows the actor's teardown."""
+    import json
     import subprocess
     import sys
 
     env = {**os.environ, MARKER: REAPER}
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
-    watcher = [sys.executable, "-S", os.path.abspath(__file__), str(os.getpid()), repr(clock()), actor_id, str(grace)]
+    reaper = [sys.executable, "-S", os.path.abspath(__file__), json.dumps(endings), str(grace)]
     detach = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
-    subprocess.run([sys.executable, "-S", "-c", detach, *watcher], env=env, stdin=subprocess.DEVNULL,
+    subprocess.run([sys.executable, "-S", "-c", detach, *reaper], env=env, stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+
+def detached_kill_on(node_id):
+    """`kill_when_due` in a detached zero-CPU actor pinned to that node, which then ends itself: what
+    an actor hands on at its own end for another node. A task there would be the actor's, and Ray
+    kills a task with its owner; a detached actor has none."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    reaper = ray.remote(num_cpus=0, max_restarts=0)(_reaper_class())
+    return reaper.options(lifetime="detached", scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+
+
+def _reaper_class():
+    """Built in a function, so that cloudpickle ships it by value (see `_make`)."""
+
+    class Reaper:
+        def __init__(self, *args):
+            import threading
+
+            threading.Thread(target=self.reap, args=args, daemon=True).start()  # the constructor returns
+
+        def reap(self, *args):
+            import ray
+
+            try:
+                kill_when_due(*args)
+            finally:
+                ray.kill(ray.get_runtime_context().current_actor)
+
+    return Reaper
 
 
 def remote_kill_on(node_id):
@@ -207,8 +209,12 @@ def remote_kill_on(node_id):
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
 
 
-if __name__ == "__main__":  # watch_from_here's process
+if __name__ == "__main__":  # hand_off's reaper: every ending at once
     import sys
 
     del sys.path[0]  # this file's folder: its modules are named as libraries are
-    watch(int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
+    import json
+    import threading
+
+    for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):
+        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, float(sys.argv[2]), known)).start()

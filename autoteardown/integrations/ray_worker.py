@@ -45,7 +45,6 @@ _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 _marked = False   # ray_reaper.mark() was called (or this is no actor)
 _started = False  # this actor announced a process it started
-_actor_pid = 0    # the actor's process (marked): a fork child of it is not the actor
 
 
 def patch(patches: Patches) -> None:
@@ -86,24 +85,14 @@ def _announce(value=b""):
 
 
 def _on_process_started(wrapped, instance, args, kwargs):
-    """subprocess.Popen and multiprocessing's start(), in the actor's own process (not a fork child of
-    it): at the first, the actor is announced, and its tree watched from a process of its own
-    (ray_reaper.watch: it ends the tree whoever ends the actor, even if that one is gone by then). Not
-    in its teardown: the actor is ending already, and a GCS request costs its budget."""
+    """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on;
+    not in its teardown (a reaper's), when the actor is ending already and a GCS request costs its budget."""
     global _started
     result = wrapped(*args, **kwargs)
-    if not _started and not _tearing and os.getpid() == _actor_pid:
+    if not _started and not _tearing:
         _started = True
         _announce(STARTED)
-        threads.run_soon(_watch_this_actor)
     return result
-
-
-def _watch_this_actor():
-    try:
-        ray_reaper.watch_from_here(os.environ[ray_reaper.MARKER], config.RAY_GRACE)
-    except Exception:
-        log.debug_exception("could not start the watch of this actor's processes")
 
 
 # ---- SIGTERM: the handler asks, the exit path tears down ------------------------
@@ -209,12 +198,11 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
 def _mark():
     """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py),
-    and its first process is announced and watched."""
-    global _marked, _actor_pid
+    and its first process is announced."""
+    global _marked
     _marked = True
     try:
         if in_actor():
-            _actor_pid = os.getpid()
             import multiprocessing.process
             import subprocess
 

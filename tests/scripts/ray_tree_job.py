@@ -12,11 +12,9 @@ ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTE
 shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
 (`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
 (`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), segfault (the
-actor reads address 0; for both, the driver then waits for the tree to be gone, up to 2 x
-grace plus TESTS_LOAD_MARGIN, and prints LEFT_BEFORE_EXIT: the pids still running), nested (an actor,
+actor reads address 0, the same wait), nested (an actor,
 Holder, created the Engine and keeps it busy: it sends the Engine `__ray_terminate__`, and the
-driver at once sends Holder one, then the same wait), dropped (the same, but the driver then
-drops its handle to Holder, which Ray kills with no Python hook: Ray Train v1's trial actor's end).
+driver at once sends Holder one, then the same wait).
 
 TREE_ON_NODE: the actor goes to the node with that custom resource (RAY_ADDRESS: a cluster).
 Prints ACTOR: pid, TREE: the tree's pids, BYSTANDER: pid, READY once busy."""
@@ -108,7 +106,7 @@ bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.
 # TREE_ON_NODE: a custom resource only another node of the cluster has.
 placement = {"resources": {os.environ["TREE_ON_NODE"]: 0.01}} if os.environ.get("TREE_ON_NODE") else {}
 runtime_env = {"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}
-if ENDING in ("nested", "dropped"):
+if ENDING == "nested":
     holder = Holder.options(runtime_env=runtime_env).remote()
     pid, tree = ray.get(holder.start.remote(runtime_env=runtime_env, **placement))
 else:
@@ -124,24 +122,11 @@ elif ENDING == "shutdown":
     ray.shutdown()
 elif ENDING in ("terminate", "hang"):
     engine.__ray_terminate__.remote()
-elif ENDING in ("nested", "dropped"):
+elif ENDING == "nested":
     ray.get(holder.end_engine.remote())
-    if ENDING == "nested":
-        holder.__ray_terminate__.remote()
-    else:
-        del holder  # its last handle: Ray kills it at once, no Python runs in it
+    holder.__ray_terminate__.remote()
 elif ENDING == "kill":
     ray.kill(engine)
-if ENDING in ("crash", "segfault"):  # the driver lives on: the tree ends before it does
-    import psutil
-
-    def left():
-        return [pid for pid in tree if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-
-    until = time.monotonic() + 2 * GRACE + float(os.environ.get("TESTS_LOAD_MARGIN", "5"))
-    while left() and time.monotonic() < until:
-        time.sleep(0.1)
-    say(f"LEFT_BEFORE_EXIT: {' '.join(map(str, left()))}")
-elif ENDING != "end":
+if ENDING != "end":
     time.sleep(2 * GRACE)
 say("DONE")
