@@ -68,9 +68,11 @@ def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
     assert wait_gone(pids, within=10.0) == [], result
 
 
-# Ray 2.40's legacy Train (no ray.train.v2 in it): a rank's processes are sometimes left (issue 31).
+# Ray 2.40's legacy Train (no ray.train.v2 in it) kills the trial actor with no Python hook, and
+# its watch of the workers' processes with it: a rank's processes are sometimes left (issue 31).
 V1_GAP = pytest.mark.xfail(importlib.util.find_spec("ray.train.v2") is None, strict=False,
-                           reason="Ray 2.40's Train v1: a rank's processes are sometimes left (issue 31)")
+                           reason="Ray 2.40 kills Train v1's trial actor with no Python hook: a rank's "
+                                  "processes are sometimes left (issue 31)")
 
 
 @pytest.mark.parametrize("v2", [pytest.param(True, marks=needs_v2), pytest.param(False, marks=V1_GAP)],
