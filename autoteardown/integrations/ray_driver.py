@@ -14,9 +14,11 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
-  An actor that ends actors is itself ended at its grace, maybe first: at its teardown it hands the
-  endings still under way on, those on its node to a detached reaper process (ray_reaper.hand_off),
-  those on another to a detached actor there (its own task there would die with it).
+  An actor that ends actors can itself be ended first, even with no Python hook (Ray kills an actor
+  whose last handle is dropped at once), and its watch would die with it. So it hands each ending on
+  as it starts it, not at its teardown: on its node to a detached reaper process (ray_reaper.hand_off),
+  on another to a detached actor there (its own task there would die with it). The actors its
+  teardown ends (SIGTERM) are handed on the same way once sent.
 """
 
 import signal
@@ -39,6 +41,7 @@ from .ray_reaper import (
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
 _known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
+_handed_on: set = set()  # in an actor: the ids of the actors it ended and handed on
 
 
 def patch(patches: Patches) -> None:
@@ -121,10 +124,19 @@ def _on_kill(wrapped, instance, args, kwargs):
 
 
 def _watch_ending(handle, requested_at):
-    """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone."""
+    """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone.
+    Told by an actor: handed on at once (the module docstring says why), once for each actor."""
     try:
         _forget(handle)
         ending = _Ending(handle, requested_at)
+        if ray_worker.in_actor():
+            if ending.actor_id in _handed_on:
+                return
+            ending.locate(watch=False)
+            if ending.done or _hand_off([ending], time.monotonic() + config.RAY_GRACE):
+                _handed_on.add(ending.actor_id)
+                return
+            ending = _Ending(handle, requested_at)  # not handed on: watched here while this actor lives
         registry.record(KIND, ending)  # the exit waits for it (see finalize_collected)
         threads.run_soon(ending.locate)
     except Exception:
@@ -191,7 +203,7 @@ def _hand_off(ending, deadline):
     for actor in ending:
         actor.located.wait(max(0.0, deadline - time.monotonic()))
     under_way = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid}
-    here = [a for a in under_way.values() if a.kill_task is None]
+    here = [a for a in under_way.values() if not a.elsewhere]
     handed = set()
     if here:
         try:
@@ -201,7 +213,7 @@ def _hand_off(ending, deadline):
         except Exception:
             log.debug_exception("could not hand on the endings on this node")
     for a in under_way.values():
-        if a.kill_task is not None and _hand_on_elsewhere(a):
+        if a.elsewhere and _hand_on_elsewhere(a):
             handed.add(a.actor_id)
     for actor in ending:
         if actor.actor_id in handed:
@@ -283,6 +295,7 @@ class _Ending:
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = self.node_id = None
+        self.elsewhere = False   # on another node: ended through a task there
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
@@ -290,8 +303,9 @@ class _Ending:
         self.located = threading.Event()  # locate() has run: pid, tree or kill_task known (or done)
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
-    def locate(self):
-        """In a runner: find the actor's process (GCS keeps it after DEAD), signal and watch it."""
+    def locate(self, watch=True):
+        """Find the actor's process (GCS keeps it after DEAD) and signal it; with `watch` (in a runner),
+        watch it, through a task there if it is on another node."""
         import ray
         import ray._private.state
 
@@ -306,17 +320,20 @@ class _Ending:
             if state == "DEAD" and ended_ms:  # a process at its pid created after that is not it
                 self.not_after = min(self.not_after, ended_ms / 1000)
             self.node_id = node_id = info.get("Address", {}).get("NodeID")
-            if node_id and node_id != ray.get_runtime_context().get_node_id():
-                self.kill_task = remote_kill_on(node_id).remote(
-                    pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
-                    config.RAY_GRACE)
+            self.elsewhere = bool(node_id) and node_id != ray.get_runtime_context().get_node_id()
+            if self.elsewhere:
+                if watch:
+                    self.kill_task = remote_kill_on(node_id).remote(
+                        pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
+                        config.RAY_GRACE)
             else:
                 self.tree = descendants(pid, self.not_after)
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
             self.located.set()
-            self.watch()
+            if watch:
+                self.watch()
         except Exception:
             log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()

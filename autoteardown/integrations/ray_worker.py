@@ -86,10 +86,12 @@ def _announce(value=b""):
 
 def _on_process_started(wrapped, instance, args, kwargs):
     """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on;
-    not in its teardown (a reaper's), when the actor is ending already and a GCS request costs its budget."""
+    not a reaper (never an actor's process, ray_reaper.py), nor in its teardown, when the actor is ending
+    already and a GCS request costs its budget."""
     global _started
     result = wrapped(*args, **kwargs)
-    if not _started and not _tearing:
+    reaper = (kwargs.get("env") or {}).get(ray_reaper.MARKER) == ray_reaper.REAPER
+    if not _started and not _tearing and not reaper:
         _started = True
         _announce(STARTED)
     return result
