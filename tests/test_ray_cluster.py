@@ -219,13 +219,15 @@ def test_an_idle_or_crashed_actors_tree_on_the_other_node_ends_by_the_drivers_en
         assert any("descendant(s) ended" in outcome for outcome in reported_trees(jobs)), result
 
 
-def test_an_actor_that_ends_first_hands_on_the_ending_of_its_actor_on_the_other_node(two_nodes, jobs):
-    # Holder, here, ends its busy Engine there and is ended at once: the task watching the
-    # Engine is Holder's, and Ray kills a task with its owner, so Holder hands the ending to a
-    # detached actor there (ray_reaper.detached_kill_on).
+@pytest.mark.parametrize("ending", ["nested", "dropped"])
+def test_an_actor_that_ends_first_hands_on_the_ending_of_its_actor_on_the_other_node(two_nodes, jobs, ending):
+    # Holder, here, ends its busy Engine there and is ended at once (dropped: with no Python
+    # hook): a task watching the Engine would be Holder's, and Ray kills a task with its owner,
+    # so Holder hands the ending to a detached actor there (ray_reaper.detached_kill_on) as it
+    # sends it.
     from test_ray_tree import released, tree_job
 
-    result, tree, folder = tree_job(jobs, "nested", RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE,
+    result, tree, folder = tree_job(jobs, ending, RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE,
                                     RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook")
     assert wait_until_empty(lambda: alive(tree), within=2 * GRACE + 2 * LOAD_MARGIN) == [], result
     assert released(folder), result  # SIGTERM first

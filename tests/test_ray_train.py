@@ -68,20 +68,13 @@ def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
     assert wait_gone(pids, within=10.0) == [], result
 
 
-# Ray 2.40's legacy Train (no ray.train.v2 in it) kills the trial actor with no Python hook, and
-# its watch of the workers' processes with it: a rank's processes are sometimes left (issue 31).
-V1_GAP = pytest.mark.xfail(importlib.util.find_spec("ray.train.v2") is None, strict=False,
-                           reason="Ray 2.40 kills Train v1's trial actor with no Python hook: a rank's "
-                                  "processes are sometimes left (issue 31)")
-
-
-@pytest.mark.parametrize("v2", [pytest.param(True, marks=needs_v2), pytest.param(False, marks=V1_GAP)],
-                         ids=["v2", "v1"])
+@pytest.mark.parametrize("v2", [pytest.param(True, marks=needs_v2), False], ids=["v2", "v1"])
 def test_a_train_workers_processes_end_with_the_worker_group(jobs, v2):
     # Each rank starts a process that starts one in a new session: the worker group's
     # shutdown (v2: shutdown(), then ray.kill; v1: __ray_terminate__) ends them with their
     # worker, while the driver still runs (ray_reaper's rule, applied by the controller or
-    # trial actor that holds the workers; v1's trial actor ends first and hands them on).
+    # trial actor that holds the workers, which hands each ending on as it starts it: Ray 2.40
+    # kills v1's trial actor with no Python hook as soon as its workers are gone).
     result, found, pids = train(jobs, "tree", v2=v2, AUTOTEARDOWN_RAY_GRACE_S="2")
     assert "FIT: ok" in result.stdout, result
     assert len(found) == 2, result

@@ -23,7 +23,7 @@ GRACE = 2.0
 # Ray's exit of an actor that has children can hang in its interpreter's last garbage
 # collection (without the shim too): the reaper kills it at the grace, in one line.
 REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
-ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested"]
+ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested", "dropped"]
 
 
 def tree_job(jobs, ending, shim=True, **env):

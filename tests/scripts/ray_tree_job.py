@@ -14,7 +14,9 @@ shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), termi
 (`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), segfault (the
 actor reads address 0, the same wait), nested (an actor,
 Holder, created the Engine and keeps it busy: it sends the Engine `__ray_terminate__`, and the
-driver at once sends Holder one, then the same wait).
+driver at once sends Holder one, then the same wait), dropped (the same, but the driver then
+drops its handle to Holder, which Ray kills with no Python hook: Ray Train v1's trial actor's end
+on Ray 2.40).
 
 TREE_ON_NODE: the actor goes to the node with that custom resource (RAY_ADDRESS: a cluster).
 Prints ACTOR: pid, TREE: the tree's pids, BYSTANDER: pid, READY once busy."""
@@ -106,7 +108,7 @@ bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.
 # TREE_ON_NODE: a custom resource only another node of the cluster has.
 placement = {"resources": {os.environ["TREE_ON_NODE"]: 0.01}} if os.environ.get("TREE_ON_NODE") else {}
 runtime_env = {"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}
-if ENDING == "nested":
+if ENDING in ("nested", "dropped"):
     holder = Holder.options(runtime_env=runtime_env).remote()
     pid, tree = ray.get(holder.start.remote(runtime_env=runtime_env, **placement))
 else:
@@ -122,9 +124,12 @@ elif ENDING == "shutdown":
     ray.shutdown()
 elif ENDING in ("terminate", "hang"):
     engine.__ray_terminate__.remote()
-elif ENDING == "nested":
+elif ENDING in ("nested", "dropped"):
     ray.get(holder.end_engine.remote())
-    holder.__ray_terminate__.remote()
+    if ENDING == "nested":
+        holder.__ray_terminate__.remote()
+    else:
+        del holder  # its last handle: Ray kills it at once, no Python runs in it
 elif ENDING == "kill":
     ray.kill(engine)
 if ENDING != "end":
