@@ -154,9 +154,10 @@ kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make(
 def hand_off(endings, grace):
     """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
     of its own that outlives this one: an actor's own end comes at its grace, before what it watches
-    may have ended. Started through a short-lived intermediate (Ray SIGKILLs an exiting actor's direct
-    children), in a session of its own, marked as a reaper (so no actor's descendant). Both run this
-    file without `site` (-S), so that no sitecustomize, and no autoteardown, slows the actor's teardown."""
+    may have ended. Started in the background by a shell that exits at once (Ray SIGKILLs an exiting
+    actor's direct children), so it is detached when this returns (a few ms; its own start follows), in
+    a session of its own, marked as a reaper (so no actor's descendant). It runs this file without
+    `site` (-S), so that no sitecustomize, and no autoteardown, slows it."""
     import json
     import subprocess
     import sys
@@ -164,9 +165,9 @@ def hand_off(endings, grace):
     env = {**os.environ, MARKER: REAPER}
     env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
     reaper = [sys.executable, "-S", os.path.abspath(__file__), json.dumps(endings), str(grace)]
-    detach = "import subprocess, sys; subprocess.Popen(sys.argv[1:], start_new_session=True)"
-    subprocess.run([sys.executable, "-S", "-c", detach, *reaper], env=env, stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+    subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *reaper], env=env, start_new_session=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
+                   check=False)
 
 
 def detached_kill_on(node_id):
