@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -109,6 +110,26 @@ def test_a_reaper_under_the_actor_is_not_its_process():
     finally:
         reaper.kill()
         reaper.wait(10)
+
+
+def test_an_actor_ending_an_actor_is_held_no_longer_than_the_hand_on_wait(monkeypatch):
+    # In an actor, __ray_terminate__ and ray.kill return once the ending is handed on: with a GCS
+    # that does not answer (the lookup never returns: a fault made by hand), HAND_ON_WAIT_S at most.
+    from types import SimpleNamespace
+
+    from autoteardown.integrations import ray_driver, ray_worker
+
+    answered = threading.Event()
+    monkeypatch.setattr(ray_worker, "in_actor", lambda: True)
+    monkeypatch.setattr(ray_driver._Ending, "locate", lambda ending, watch=True: answered.wait(60))
+    handle = SimpleNamespace(_ray_actor_id=SimpleNamespace(hex=lambda: "ab" * 16))
+    began = time.monotonic()
+    try:
+        ray_driver._watch_ending(handle, time.time())
+        took = time.monotonic() - began
+    finally:
+        answered.set()
+    assert ray_driver.HAND_ON_WAIT_S <= took < ray_driver.HAND_ON_WAIT_S + LOAD_MARGIN
 
 
 def test_a_restarted_actors_processes_are_not_the_ended_ones():

@@ -41,7 +41,8 @@ from .ray_reaper import (
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
 _known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
-_handed_on: set = set()  # in an actor: the ids of the actors it ended and handed on
+_handed_on: set = set()  # in an actor: the ids of the actors it ended (each handed on once)
+HAND_ON_WAIT_S = 1.0  # a hand-off takes about 10 ms (a GCS lookup, a shell started)
 
 
 def patch(patches: Patches) -> None:
@@ -125,22 +126,41 @@ def _on_kill(wrapped, instance, args, kwargs):
 
 def _watch_ending(handle, requested_at):
     """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone.
-    Told by an actor: handed on at once (the module docstring says why), once for each actor."""
+    Told by an actor: handed on (the module docstring says why), once for each actor."""
     try:
         _forget(handle)
-        ending = _Ending(handle, requested_at)
         if ray_worker.in_actor():
-            if ending.actor_id in _handed_on:
-                return
-            ending.locate(watch=False)
-            if ending.done or _hand_off([ending], time.monotonic() + config.RAY_GRACE):
-                _handed_on.add(ending.actor_id)
-                return
-            ending = _Ending(handle, requested_at)  # not handed on: watched here while this actor lives
+            _hand_on_at_once(handle, requested_at)
+            return
+        ending = _Ending(handle, requested_at)
         registry.record(KIND, ending)  # the exit waits for it (see finalize_collected)
         threads.run_soon(ending.locate)
     except Exception:
         log.debug_exception("could not watch the actor being ended")
+
+
+def _hand_on_at_once(handle, requested_at):
+    """In a runner: look the actor up and hand its ending on, or else watch it here while this actor
+    lives. The call that ended it returns once that is done, HAND_ON_WAIT_S at most: an actor may be
+    killed as soon as it has returned, and a GCS that does not answer must not hold the caller."""
+    actor_id = handle._ray_actor_id.hex()
+    if actor_id in _handed_on:
+        return
+    _handed_on.add(actor_id)
+    ending, handled = _Ending(handle, requested_at), threading.Event()
+
+    def hand_on():
+        try:
+            ending.locate(watch=False)
+            if not ending.done and not _hand_off([ending], time.monotonic() + config.RAY_GRACE):
+                watched = _Ending(handle, requested_at)
+                registry.record(KIND, watched)
+                watched.locate()
+        finally:
+            handled.set()
+
+    threads.run_soon(hand_on)
+    handled.wait(HAND_ON_WAIT_S)
 
 
 def _forget(actor):
