@@ -315,7 +315,7 @@ class _Ending:
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = self.node_id = None
-        self.elsewhere = False   # on another node: ended through a task there
+        self.elsewhere = False   # on another node: ended from there (a task, or a detached actor)
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone

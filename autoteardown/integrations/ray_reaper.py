@@ -153,8 +153,8 @@ kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make(
 
 def hand_off(endings, grace):
     """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
-    of its own that outlives this one: an actor's own end comes at its grace, before what it watches
-    may have ended. Started in the background by a shell that exits at once (Ray SIGKILLs an exiting
+    of its own that outlives this one: an actor can end before what it ended has (at its grace, or at
+    once when Ray kills it with no Python hook). Started in the background by a shell that exits at once (Ray SIGKILLs an exiting
     actor's direct children), so it is detached when this returns (a few ms; its own start follows), in
     a session of its own, marked as a reaper (so no actor's descendant). It runs this file without
     `site` (-S), so that no sitecustomize, and no autoteardown, slows it."""
