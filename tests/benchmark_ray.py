@@ -1,12 +1,14 @@
 """Ray benchmarks: print numbers, assert nothing.
-Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit]
+Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit,end-from-actor]
 
 - reap: time from __ray_terminate__ to a dead process for actors whose teardown
   hangs, on this node (the goal: the grace period + 1 s at most);
 - two-node: the same for an actor on a second node (ray.cluster_utils.Cluster,
   both nodes on 127.0.0.1), each run's figure and how many met grace + 1 s;
 - train: Ray Train (v2 where the Ray has it) rank 0's wandb steps kept, with and without the shim;
-- exit: driver exit time of the verl-style TaskRunner script, with and without the shim.
+- exit: driver exit time of the verl-style TaskRunner script, with and without the shim;
+- end-from-actor: how long an actor's __ray_terminate__ / ray.kill call takes, with and without the
+  shim (an actor hands each ending on as it sends it), 5 calls of each a run.
 Every process a run reports is killed by pid afterwards; the cluster by pid too.
 """
 
@@ -84,6 +86,18 @@ def driver_exit(runs, shim):
     return statistics.median(times)
 
 
+def end_from_actor(runs, shim):
+    """{"TERMINATE_MS": [...], "KILL_MS": [...]}: every call of every run."""
+    calls: dict = {"TERMINATE_MS": [], "KILL_MS": []}
+    for _ in range(runs):
+        proc, _, _ = script("ray_end_from_actor.py", shim=shim)
+        kill_pids(pids(proc.stdout, "CHILDREN"))
+        for tag in calls:
+            match = re.search(rf"^{tag}: (.*)$", proc.stdout, re.M)
+            calls[tag] += [float(ms) for ms in match.group(1).split()] if match else []
+    return calls
+
+
 def line(label, value):
     print(f"{label:<62}{value}", flush=True)
 
@@ -91,7 +105,7 @@ def line(label, value):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", default="reap,two-node,train,exit")
+    parser.add_argument("--only", default="reap,two-node,train,exit,end-from-actor")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if "reap" in only:
@@ -115,6 +129,14 @@ def main():
         with_shim, without = driver_exit(args.runs, True), driver_exit(args.runs, False)
         line("TaskRunner driver exit, autoteardown", f"{with_shim:.2f} s")
         line("TaskRunner driver exit, no shim (loses the wandb run)", f"{without:.2f} s (x{with_shim / without:.2f})")
+
+    if "end-from-actor" in only:
+        for shim in (True, False):
+            for tag, took in end_from_actor(args.runs, shim).items():
+                call = "__ray_terminate__" if tag == "TERMINATE_MS" else "ray.kill"
+                line(f"{call} sent by an actor, {'autoteardown' if shim else 'no shim'}",
+                     f"median {statistics.median(took):.1f} ms, {min(took):.1f}-{max(took):.1f} ms ({len(took)} calls)"
+                     if took else "no figures (see the script's output)")
 
 
 if __name__ == "__main__":
