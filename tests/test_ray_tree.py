@@ -24,7 +24,7 @@ GRACE = 2.0
 # Ray's exit of an actor that has children can hang in its interpreter's last garbage
 # collection (without the shim too): the reaper kills it at the grace, in one line.
 REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
-ENDINGS = ["end", "end-record", "sigterm", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested", "dropped"]
+ENDINGS = ["end", "end-record", "sigterm", "group", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested", "dropped"]
 
 
 def tree_job(jobs, ending, shim=True, **env):
@@ -36,8 +36,8 @@ def tree_job(jobs, ending, shim=True, **env):
                       env={"TREE_DIR": folder, "AUTOTEARDOWN_RAY_GRACE_S": GRACE,
                            "AUTOTEARDOWN_REPORT": jobs.dir / "report.jsonl", **env})
     _, before = wait_for_line(proc, "READY", timeout=180)
-    if name == "sigterm":
-        proc.send_signal(signal.SIGTERM)
+    if name in ("sigterm", "group"):
+        (os.killpg if name == "group" else os.kill)(proc.pid, signal.SIGTERM)
     result = jobs.finish(proc, timeout=120, before=before)
     tree = [int(p) for p in re.search(r"^TREE:(.*)$", result.stdout, re.M).group(1).split()]
     actor = [int(p) for p in re.findall(r"^ACTOR: (\d+)", result.stdout, re.M)]
@@ -67,7 +67,7 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
     if ending in ("end", "end-record", "sigterm", "crash", "segfault"):  # ended by the driver's exit: in its report
         assert any(re.search(r"Engine \w{8} \(pid \d+\): \d+ descendant\(s\) ended", outcome)
                    for outcome in reported_trees(jobs)), (reported_trees(jobs), result)
-    if ending == "sigterm":
+    if ending in ("sigterm", "group"):
         assert result.returncode != 0, result  # Ray's status for a stopped driver, as without the shim
     else:
         assert result.returncode == 0, result
@@ -75,7 +75,7 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
 
 
 @pytest.mark.baseline
-@pytest.mark.parametrize("ending", ["end", "sigterm", "crash", "segfault"])
+@pytest.mark.parametrize("ending", ["end", "sigterm", "group", "crash", "segfault"])
 def test_without_the_shim_an_actors_grandchildren_are_left(jobs, ending):
     result, tree, _ = tree_job(jobs, ending, shim=False)
     left = wait_until_empty(lambda: alive(tree), within=2 * GRACE + LOAD_MARGIN)

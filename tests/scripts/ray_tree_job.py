@@ -8,7 +8,8 @@ new session (a worker; it ends on SIGTERM writing "released" to TREE_DIR/<pid>),
 `subprocess` child that starts a grandchild (same session). The driver also starts a
 process of its own (BYSTANDER), which no ending may touch.
 
-ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTERM),
+ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTERM), group
+(the same, the SIGTERM sent to the driver's process group),
 shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
 (`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
 (`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), segfault (the
@@ -104,7 +105,9 @@ class Holder:
 
 local = {} if os.environ.get("RAY_ADDRESS") else {"num_cpus": 2, "include_dashboard": False}
 ray.init(**local)
-bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# In a session of its own: only a signal meant for it reaches it (a group's SIGTERM does not).
+bystander = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
 # TREE_ON_NODE: a custom resource only another node of the cluster has.
 placement = {"resources": {os.environ["TREE_ON_NODE"]: 0.01}} if os.environ.get("TREE_ON_NODE") else {}
 runtime_env = {"env_vars": {"TREE_DIR": os.environ["TREE_DIR"]}}
@@ -118,7 +121,7 @@ else:
 say(f"ACTOR: {pid}\nTREE: {' '.join(map(str, tree))}\nBYSTANDER: {bystander.pid}")
 time.sleep(1)  # the method is running
 say("READY")
-if ENDING == "sigterm":
+if ENDING in ("sigterm", "group"):
     time.sleep(600)
 elif ENDING == "shutdown":
     ray.shutdown()
