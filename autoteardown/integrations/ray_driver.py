@@ -351,7 +351,6 @@ class _Ending:
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
-            self.located.set()
             if watch:
                 self.watch()
         except Exception:

@@ -154,10 +154,10 @@ kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make(
 def hand_off(endings, grace):
     """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
     of its own that outlives this one: an actor can end before what it ended has (at its grace, or at
-    once when Ray kills it with no Python hook). Started in the background by a shell that exits at once (Ray SIGKILLs an exiting
-    actor's direct children), so it is detached when this returns (a few ms; its own start follows), in
-    a session of its own, marked as a reaper (so no actor's descendant). It runs this file without
-    `site` (-S), so that no sitecustomize, and no autoteardown, slows it."""
+    once when Ray kills it with no Python hook). Started in the background by a shell that exits at
+    once (Ray SIGKILLs an exiting actor's direct children), so it is detached when this returns (a few
+    ms; its own start follows), in a session of its own, marked as a reaper (so no actor's descendant).
+    It runs this file without `site` (-S), so that no sitecustomize, and no autoteardown, slows it."""
     import json
     import subprocess
     import sys
@@ -217,5 +217,6 @@ if __name__ == "__main__":  # hand_off's reaper: every ending at once
     import json
     import threading
 
+    grace = float(sys.argv[2])
     for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):
-        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, float(sys.argv[2]), known)).start()
+        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, grace, known)).start()
