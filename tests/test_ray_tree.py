@@ -24,7 +24,8 @@ GRACE = 2.0
 # Ray's exit of an actor that has children can hang in its interpreter's last garbage
 # collection (without the shim too): the reaper kills it at the grace, in one line.
 REAPED = re.compile(r"autoteardown: WARNING: \w+ \w+ \(pid \d+\) still running [\d.]+s after \S+: killed\n")
-ENDINGS = ["end", "end-record", "sigterm", "group", "shutdown", "terminate", "hang", "kill", "crash", "segfault", "nested", "dropped"]
+ENDINGS = ["end", "end-record", "sigterm", "group", "shutdown", "terminate", "hang", "kill", "crash", "segfault",
+           "nested", "dropped"]
 
 
 def tree_job(jobs, ending, shim=True, **env):
@@ -121,7 +122,8 @@ def test_an_actor_ending_an_actor_is_held_no_longer_than_the_hand_on_wait(monkey
 
     answered = threading.Event()
     monkeypatch.setattr(ray_worker, "in_actor", lambda: True)
-    monkeypatch.setattr(ray_driver._Ending, "locate", lambda ending, watch=True: answered.wait(60))
+    # Once answered, the actor is gone: the runner has nothing more to do.
+    monkeypatch.setattr(ray_driver._Ending, "locate", lambda ending, watch=True: answered.wait(60) and ending.finish())
     handle = SimpleNamespace(_ray_actor_id=SimpleNamespace(hex=lambda: "ab" * 16))
     began = time.monotonic()
     try:
