@@ -4,7 +4,10 @@ the reset of its own state, and they run in ORDER, in the child only.
 The order is a rule, not an accident of imports: locks other threads may have held at
 the fork first (threads, registry, importhook), then the SIGTERM and exit-status state,
 then the engine, which empties the registry and hands each inherited resource to its
-kind's in_child callback (that needs the registry's lock reset).
+kind's in_child callback (that needs the registry's lock reset), then Ray's actor state
+(ray_worker): Ray's clients belong to the process that made them, so a fork child of an actor
+is no actor and never uses them. It comes last because nothing before it calls Ray, and an
+integration's state is reset after the core's.
 """
 
 import os
@@ -13,7 +16,7 @@ TYPE_CHECKING = False  # typing's own constant costs an import
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-ORDER = ("threads", "registry", "importhook", "signals", "exitstatus", "engine")
+ORDER = ("threads", "registry", "importhook", "signals", "exitstatus", "engine", "ray_worker")
 _hooks: "dict[str, Callable[[], None]]" = {}
 
 

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from .. import config, engine, importhook, log, registry, signals, threads
+from .. import config, engine, forksafe, importhook, log, registry, signals, threads
 from ..patches import Patches
 from . import ray_reaper
 
@@ -45,6 +45,7 @@ _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 _marked = False   # ray_reaper.mark() was called (or this is no actor)
 _started = False  # this actor announced a process it started
+_forked = False   # a fork child of an actor: no actor (see _after_fork_in_child)
 
 
 def patch(patches: Patches) -> None:
@@ -64,6 +65,8 @@ def patch(patches: Patches) -> None:
 
 
 def in_actor():
+    if _forked:
+        return False
     import ray
 
     worker = ray._private.worker.global_worker
@@ -225,6 +228,22 @@ def _on_actor_exit(wrapped, instance, args, kwargs):
     except Exception:
         log.debug_exception("in-band finalize at exit_actor failed")
     return wrapped(*args, **kwargs)
+
+
+def _after_fork_in_child():
+    """Ray's clients belong to the process that made them: a fork child never uses them. A GCS request
+    through the parent's client is never answered, and its timeout does not apply: the child would wait
+    forever (a DataLoader worker's first subprocess, announced). So a fork child of an actor is no actor
+    for every Ray call of ours (in_actor() is False: it announces nothing, hands no ending on), none of its
+    parent's state (announced, asked, tearing down) is its own, and a SIGTERM handler of Ray's it inherited
+    goes on as without us."""
+    global _forked, _started, _asked, stopped, _tearing, _done, _deferred, _in_method
+    _forked = _started = _done = True
+    _asked = stopped = _tearing = _deferred = False
+    _in_method = 0
+
+
+forksafe.register(__name__, _after_fork_in_child)
 
 
 def _budget(patience):
