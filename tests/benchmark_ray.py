@@ -1,5 +1,5 @@
 """Ray benchmarks: print numbers, assert nothing.
-Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit,end-from-actor]
+Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit,end-from-actor,kill-40]
 
 - reap: time from __ray_terminate__ to a dead process for actors whose teardown
   hangs, on this node (the goal: the grace period + 1 s at most);
@@ -8,7 +8,10 @@ Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit,e
 - train: Ray Train (v2 where the Ray has it) rank 0's wandb steps kept, with and without the shim;
 - exit: driver exit time of the verl-style TaskRunner script, with and without the shim;
 - end-from-actor: how long an actor's __ray_terminate__ / ray.kill call takes, with and without the
-  shim (an actor hands each ending on as it sends it), 5 calls of each a run.
+  shim (an actor hands each ending on as it sends it), 5 calls of each a run;
+- kill-40: a controller actor ray.kills 40 busy actors back to back, with and without the shim:
+  each call's cost, the reaper processes alive right after the last call (count, RSS), and the
+  same with the Ray gcs_server the script started stopped (SIGSTOP) during the calls.
 Every process a run reports is killed by pid afterwards; the cluster by pid too.
 """
 
@@ -98,6 +101,19 @@ def end_from_actor(runs, shim):
     return calls
 
 
+def kill_40(runs, shim, stop_gcs):
+    """(each call's ms, [(reapers, their RSS MB) a run])."""
+    calls, reapers = [], []
+    for _ in range(runs):
+        proc, _, _ = script("ray_nw_kill_many.py", shim=shim, N=40, STOP_GCS=int(stop_gcs))
+        kill_pids(pids(proc.stdout, "PIDS"))
+        match = re.search(r"^CALL_MS: (.*)$", proc.stdout, re.M)
+        calls += [float(ms) for ms in match.group(1).split()] if match else []
+        match = re.search(r"^REAPERS: (\d+) (\d+)", proc.stdout, re.M)
+        reapers += [(int(match.group(1)), int(match.group(2)))] if match else []
+    return calls, reapers
+
+
 def line(label, value):
     print(f"{label:<62}{value}", flush=True)
 
@@ -105,7 +121,7 @@ def line(label, value):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", default="reap,two-node,train,exit,end-from-actor")
+    parser.add_argument("--only", default="reap,two-node,train,exit,end-from-actor,kill-40")
     args = parser.parse_args()
     only = set(args.only.split(","))
     if "reap" in only:
@@ -136,6 +152,15 @@ def main():
                 call = "__ray_terminate__" if tag == "TERMINATE_MS" else "ray.kill"
                 line(f"{call} sent by an actor, {'autoteardown' if shim else 'no shim'}",
                      f"median {statistics.median(took):.1f} ms, {min(took):.1f}-{max(took):.1f} ms ({len(took)} calls)"
+                     if took else "no figures (see the script's output)")
+    if "kill-40" in only:
+        for stop_gcs in (False, True):
+            for shim in (True, False):
+                took, reapers = kill_40(args.runs, shim, stop_gcs)
+                line(f"ray.kill of 40 busy actors by an actor{', gcs_server stopped' if stop_gcs else ''}, "
+                     f"{'autoteardown' if shim else 'no shim'}",
+                     f"median {statistics.median(took):.1f} ms a call, {sum(took) / max(1, len(reapers)):.0f} ms "
+                     f"in all; reapers left {', '.join(f'{n} ({mb} MB)' for n, mb in reapers)}"
                      if took else "no figures (see the script's output)")
 
 

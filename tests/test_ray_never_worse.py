@@ -2,9 +2,12 @@
 shim, ends with the same status and results, in no more time than its bounds allow, and leaves
 nothing behind."""
 
+import uuid
+
+import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, reported, wait_gone
+from helpers import LOAD_MARGIN, reported, wait_gone, wait_until_empty
 
 pytest.importorskip("ray")
 
@@ -21,3 +24,35 @@ def test_a_fork_child_of_an_actor_starts_processes_as_without_the_shim(jobs, shi
     assert int(items) == 20, result
     assert float(took) <= LOAD_MARGIN < timeout, result
     assert wait_gone(reported(result.stdout, "PIDS"), within=LOAD_MARGIN) == [], result
+
+
+def reapers(run_id):
+    """The pids of this run's reaper processes (ray_reaper.py: MARKER=reaper in their environment)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            env = process.environ()
+            if env.get("AUTOTEARDOWN_INTERNAL_RAY_ACTOR") == "reaper" and env.get("NW_RUN") == run_id:
+                found.append(process.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_an_actor_ending_actors_leaves_one_reaper_that_ends_their_processes(jobs):
+    # A controller actor ray.kills 10 busy actors back to back, each with a process that ignores
+    # SIGTERM and is no child of the actor's (Ray's own cleanup misses it): one reaper process
+    # takes every ending, and it ends each actor's process at the grace, after the controller
+    # (the pipe's other end) is gone with its driver.
+    grace, run_id = 2.0, uuid.uuid4().hex
+    result = jobs.run("ray_nw_kill_many.py", env={"N": 10, "CHILD": 1, "LEARN_S": 2, "NW_RUN": run_id,
+                                                  "AUTOTEARDOWN_RAY_GRACE_S": grace}, timeout=240)
+    jobs.track(reapers(run_id))
+    assert result.returncode == 0, result
+    count, _ = result.stdout.split("REAPERS:")[1].split()[:2]
+    assert int(count) <= 1, result
+    children = reported(result.stdout, "CHILDREN")
+    assert len(children) == 10, result
+    assert wait_gone(children, within=grace + LOAD_MARGIN) == [], result
+    assert wait_until_empty(lambda: reapers(run_id), within=LOAD_MARGIN) == [], result
+

@@ -34,6 +34,7 @@ from .ray_reaper import (
     detached_kill_on,
     hand_off,
     kill_if_same_process,
+    reaper_running,
     remote_kill_on,
     signal_running,
 )
@@ -42,7 +43,8 @@ KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
 _known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
 _handed_on: set = set()  # in an actor: the ids of the actors it ended (each handed on once)
-HAND_ON_WAIT_S = 1.0  # a hand-off takes about 10 ms (a GCS lookup, a shell started)
+HAND_ON_WAIT_S = 1.0  # a hand-off without the actor's record: a GCS lookup (ms), then a line to the reaper
+_gcs_silent = False   # in an actor: a hand-off's lookup outlasted HAND_ON_WAIT_S and has not returned yet
 
 
 def patch(patches: Patches) -> None:
@@ -128,39 +130,54 @@ def _watch_ending(handle, requested_at):
     """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone.
     Told by an actor: handed on (the module docstring says why), once for each actor."""
     try:
+        info = _known.get(handle._ray_actor_id.hex())  # its learned record: no GCS request to locate it
         _forget(handle)
         if ray_worker.in_actor():
-            _hand_on_at_once(handle, requested_at)
+            _hand_on_at_once(handle, requested_at, info)
             return
-        ending = _Ending(handle, requested_at)
+        ending = _Ending(handle, requested_at, info=info)
         registry.record(KIND, ending)  # the exit waits for it (see finalize_collected)
         threads.run_soon(ending.locate)
     except Exception:
         log.debug_exception("could not watch the actor being ended")
 
 
-def _hand_on_at_once(handle, requested_at):
-    """In a runner: look the actor up and hand its ending on, or else watch it here while this actor
-    lives. The call that ended it returns once that is done, HAND_ON_WAIT_S at most: an actor may be
-    killed as soon as it has returned, and a GCS that does not answer must not hold the caller."""
+def _hand_on_at_once(handle, requested_at, info):
+    """Hand the ending on before the call that ended it returns: an actor may be killed as soon as it has.
+    With the actor's learned record (`info`), that asks GCS nothing: a line to this actor's reaper
+    (ray_reaper.hand_off). Without it, a runner looks the actor up, and the caller waits HAND_ON_WAIT_S
+    at most, and not at all while an earlier lookup is unanswered: a GCS that does not answer costs one
+    call that wait, not every call. What is not handed on is watched here while this actor lives."""
+    global _gcs_silent
     actor_id = handle._ray_actor_id.hex()
     if actor_id in _handed_on:
         return
     _handed_on.add(actor_id)
-    ending, handled = _Ending(handle, requested_at), threading.Event()
+    ending = _Ending(handle, requested_at, info=info)
+    if info is not None:
+        _hand_on(ending, handle, requested_at)
+        return
+    handled = threading.Event()
 
     def hand_on():
+        global _gcs_silent
         try:
-            ending.locate(watch=False)
-            if not ending.done and not _hand_off([ending], time.monotonic() + config.RAY_GRACE):
-                watched = _Ending(handle, requested_at)
-                registry.record(KIND, watched)
-                watched.locate()
+            _hand_on(ending, handle, requested_at)
         finally:
+            _gcs_silent = False
             handled.set()
 
     threads.run_soon(hand_on)
-    handled.wait(HAND_ON_WAIT_S)
+    if not handled.wait(0.0 if _gcs_silent else HAND_ON_WAIT_S):
+        _gcs_silent = True
+
+
+def _hand_on(ending, handle, requested_at):
+    ending.locate(watch=False)
+    if not ending.done and not _hand_off([ending], time.monotonic() + config.RAY_GRACE):
+        watched = _Ending(handle, requested_at, info=ending.info)
+        registry.record(KIND, watched)
+        watched.locate()
 
 
 def _forget(actor):
@@ -347,7 +364,9 @@ class _Ending:
                         pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
                         config.RAY_GRACE)
             else:
-                self.tree = descendants(pid, self.not_after)
+                # Its descendants, looked at now, unless this is a hand-off to a running reaper, which
+                # looks as soon as it reads it: the caller is spared psutil's scan (2-15 ms).
+                self.tree = descendants(pid, self.not_after) if watch or not reaper_running() else []
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid

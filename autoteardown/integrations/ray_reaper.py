@@ -19,6 +19,7 @@ zero-CPU task on the actor's node, where autoteardown may not be installed.
 """
 
 import os
+import threading
 
 MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
 REAPER = "reaper"  # MARKER's value in hand_off's processes: no actor id
@@ -151,23 +152,80 @@ def _make():
 kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
 
 
+_feed: dict = {}  # this process's reaper: "pid" (the process it is this one's for), "fd" (its pipe's write end)
+_feed_lock = threading.Lock()
+
+
 def hand_off(endings, grace):
     """`kill_when_due(pid, not_after, due, None, actor_id, grace, known)` for each of `endings`, in a process
     of its own that outlives this one: an actor can end before what it ended has (at its grace, or at
-    once when Ray kills it with no Python hook). Started in the background by a shell that exits at
-    once (Ray SIGKILLs an exiting actor's direct children), so it is detached when this returns (a few
-    ms; its own start follows), in a session of its own, marked as a reaper (so no actor's descendant).
-    It runs this file without `site` (-S), so that no sitecustomize, and no autoteardown, slows it."""
+    once when Ray kills it with no Python hook). One reaper a process, started at its first hand-off and
+    fed every later one through a pipe (one JSON line each, written at once: the caller returns as soon
+    as it is written). It handles what it was given after this process (the pipe's write end) is gone,
+    and exits when nothing is left. A reaper that is gone or not reading is replaced."""
     import json
+
+    line = (json.dumps([endings, grace]) + "\n").encode()
+    with _feed_lock:
+        for _ in range(2):
+            if not reaper_running():
+                _start_reaper()
+            try:
+                if os.write(_feed["fd"], line) == len(line):
+                    return
+            except OSError:  # gone (EPIPE) or not reading (full): a new one
+                pass
+            forget_reaper()
+    raise OSError("no reaper process takes the endings")
+
+
+def reaper_running():
+    """Has this process a reaper (started by an earlier hand-off)?"""
+    return _feed.get("pid") == os.getpid()
+
+
+def _start_reaper():
+    """Started in the background by a shell that exits at once (Ray SIGKILLs an exiting actor's direct
+    children), so it is detached when this returns (a few ms; its own start follows), in a session of
+    its own, marked as a reaper (so no actor's descendant). Its pipe is passed by fd number (a
+    non-interactive shell gives a background job /dev/null as stdin). It runs this file without `site`
+    (-S), so that no sitecustomize, and no autoteardown, slows it."""
     import subprocess
     import sys
 
-    env = {**os.environ, MARKER: REAPER}
-    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
-    reaper = [sys.executable, "-S", os.path.abspath(__file__), json.dumps(endings), str(grace)]
-    subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *reaper], env=env, start_new_session=True,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
-                   check=False)
+    read_fd, write_fd = os.pipe()
+    try:
+        env = {**os.environ, MARKER: REAPER}
+        env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
+        reaper = [sys.executable, "-S", os.path.abspath(__file__), str(read_fd)]
+        subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *reaper], env=env, start_new_session=True,
+                       pass_fds=(read_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10, check=False)
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    os.set_blocking(write_fd, False)  # a reaper that stopped reading never blocks the caller
+    _feed.update(pid=os.getpid(), fd=write_fd)
+
+
+def after_fork_in_child():
+    """A fork child's reaper is not its parent's: the inherited pipe is closed (the parent's stays open)."""
+    global _feed_lock
+    _feed_lock = threading.Lock()
+    forget_reaper()
+
+
+def forget_reaper():
+    """This process's pipe to its reaper closed: the reaper ends once what it was given is done."""
+    fd = _feed.get("fd")
+    _feed.clear()
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def detached_kill_on(node_id):
@@ -210,13 +268,19 @@ def remote_kill_on(node_id):
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
 
 
-if __name__ == "__main__":  # hand_off's reaper: every ending at once
+if __name__ == "__main__":  # hand_off's reaper: each ending as it comes, until the pipe is closed
     import sys
 
     del sys.path[0]  # this file's folder: its modules are named as libraries are
     import json
-    import threading
 
-    grace = float(sys.argv[2])
-    for pid, not_after, due, actor_id, known in json.loads(sys.argv[1]):
-        threading.Thread(target=kill_when_due, args=(pid, not_after, due, None, actor_id, grace, known)).start()
+    with open(int(sys.argv[1]), "rb") as feed:
+        for line in feed:
+            try:
+                endings, grace = json.loads(line)
+                for pid, not_after, due, actor_id, known in endings:
+                    threading.Thread(target=kill_when_due,
+                                     args=(pid, not_after, due, None, actor_id, grace, known)).start()
+            except (ValueError, TypeError):  # a line cut short (a write that was not whole)
+                pass
+    # The threads are not daemons: the interpreter exits once the last ending is done.

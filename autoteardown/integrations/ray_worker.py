@@ -241,6 +241,7 @@ def _after_fork_in_child():
     _forked = _started = _done = True
     _asked = stopped = _tearing = _deferred = False
     _in_method = 0
+    ray_reaper.after_fork_in_child()
 
 
 forksafe.register(__name__, _after_fork_in_child)
