@@ -1,14 +1,16 @@
 """The exit engine: one teardown that finalizes every recorded resource, in order,
 within a deadline, however the process ends, and never changes how it ends.
 
-It runs from threading's exit callbacks, which CPython calls before any atexit
-callback (torch, wandb and Ray register theirs after us). A normal end tears down
-after the non-daemon threads; after a SIGTERM, at once, then the process dies of
-the signal (signals.py). Armed at the first resource recorded (registry.py).
+It starts from threading's exit callbacks, which CPython calls before it joins the
+non-daemon threads and before any atexit callback (torch, wandb and Ray register theirs
+after us). After a SIGTERM it tears down there, at once, then the process dies of the
+signal (signals.py); a normal end tears down from the atexit callback registered there,
+the last registered and so the first called, once Python has joined the non-daemon
+threads. Armed at the first resource recorded (registry.py).
 
 What it waits for: work whose result outlives the process (a tracker's records, a
-checkpoint being written), within the budget; never work whose result dies with it
-(a DataLoader item being loaded: integrations/torch.py ends that worker).
+checkpoint being written), within the budget. A process it ends is ended as the
+process would end it without the shim, never sooner (integrations/torch.py's workers).
 
 Each step runs in a runner thread (threads.py) and may use the time left but a second
 per later step; another runner drives the steps, so the calling thread only waits, the
@@ -282,11 +284,10 @@ def _report(event: str, *args):
 def _hook_exit() -> None:
     import threading
 
-    # First in the list is called last, after concurrent.futures' callbacks.
-    late = getattr(threading, "_threading_atexits", None)
-    if isinstance(late, list) and not getattr(threading, "_SHUTTING_DOWN", False):
-        threading._register_atexit(_on_exit)  # type: ignore[attr-defined]
-        late.insert(0, _on_exit_after_threads)
+    # Called before Python joins the non-daemon threads, and before every atexit callback.
+    late = getattr(threading, "_register_atexit", None)
+    if late is not None and not getattr(threading, "_SHUTTING_DOWN", False):
+        late(_on_exit)  # type: ignore[attr-defined]
     else:  # not CPython >= 3.9, or already shutting down
         import atexit
 
@@ -294,7 +295,10 @@ def _hook_exit() -> None:
 
 
 def _on_exit() -> None:
-    """Called first among threading's exit callbacks: after a SIGTERM, tear down now."""
+    """Called first among threading's exit callbacks: after a SIGTERM, tear down now; else
+    register the teardown as the last atexit callback, so that it runs first of them."""
+    import atexit
+
     from . import signals
 
     if _state.armed_pid != os.getpid():
@@ -302,39 +306,43 @@ def _on_exit() -> None:
     signals.begin_exit()
     if signals.received() is not None and not _state.exit_done:
         _exit_teardown()
+    else:
+        atexit.register(_on_exit_after_threads)
 
 
 def _on_exit_after_threads() -> None:
-    """Called last: on a normal end, once the non-daemon threads have ended (waited for as
-    Python does right after; a SIGTERM stops the wait)."""
-    import threading
-
+    """A normal end tears down once Python has joined the non-daemon threads, and before any
+    other atexit callback (torch's, wandb's, multiprocessing's: atexit is last-in-first-out,
+    and this is registered last, from threading's exit callback). Python marks the main thread
+    stopped before that join, so a thread that waits for it (`main_thread().join()`, an
+    `is_alive()` loop) ends as it would without us; a thread still using a DataLoader or a run
+    has ended before they are torn down."""
     from . import signals
 
     if _state.armed_pid != os.getpid() or _state.exit_done:
         return
     signals.begin_exit()
-    try:
-        while signals.received() is None:
-            alive = [t for t in threading.enumerate() if not t.daemon and t.is_alive()
-                     and t is not threading.current_thread() and t is not threading.main_thread()]
-            if not alive:
-                break
-            alive[0].join(0.05)
-    finally:  # a Ctrl-C that stops the wait is Python's to report, after the teardown
-        _exit_teardown()
+    _exit_teardown()
 
 
 def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
     """BaseProcess._bootstrap calls `util._exit_function()`, which SIGTERMs the daemonic
-    children (DataLoader workers), before threading's exit callbacks: a multiprocessing
-    child tears down here first, with the code run()'s outcome gives it."""
+    children (DataLoader workers), then `threading._shutdown()`, and never atexit: a
+    multiprocessing child runs Python's exit in that order itself first (the non-daemon
+    threads joined, the main thread marked stopped: a second call returns at once), then
+    tears down, with the code run()'s outcome gives it."""
+    import threading
+
     bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
     frame, code = sys._getframe(1), getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     if frame is not None and _state.armed_pid == os.getpid() and not _state.exit_done:
         exitstatus.multiprocessing_exit(sys.exc_info()[1])
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]
+        except BaseException as exc:  # a Ctrl-C in the join: the teardown still runs
+            log.debug("threading._shutdown: %r", exc)
         _on_exit_after_threads()
     return wrapped(*args, **kwargs)
 

@@ -41,6 +41,21 @@ def test_a_normal_end_waits_for_a_non_daemon_thread_and_its_dataloader(jobs):
     assert_nothing_left(result)
 
 
+@pytest.mark.parametrize("mode", ["waitmain", "spawnwait"])
+@pytest.mark.parametrize("how", ["join", "alive"])
+def test_a_normal_end_never_waits_on_a_thread_that_waits_for_the_main_thread(jobs, mode, how):
+    # Such a thread ends when Python marks the main thread stopped, before it joins the others;
+    # a teardown that waited for the threads before that would wait for ever.
+    without = jobs.run("rules_job.py", mode, how, shim=False, timeout=60 + LOAD_MARGIN)
+    result = jobs.run("rules_job.py", mode, how, timeout=60 + LOAD_MARGIN)
+    assert result.returncode == without.returncode == 0, (result, without)
+    assert f"WAITED: {how}" in result.stdout and f"WAITED: {how}" in without.stdout, (result, without)
+    assert ("CHILD: 0" in result.stdout) == ("CHILD: 0" in without.stdout), (result, without)
+    assert tracebacks(result.stderr) == 0 and "killed by signal" not in result.stderr, result
+    assert result.elapsed < without.elapsed * 1.10 + 0.2 + LOAD_MARGIN, (result, without)
+    assert_nothing_left(result)
+
+
 def test_the_users_code_does_not_run_on_once_the_teardown_has_started(jobs):
     # SIGTERM lands while the main thread is in C code: the helper starts the teardown;
     # the main thread comes back meanwhile and must unwind, not train another step.

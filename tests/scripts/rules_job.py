@@ -20,6 +20,9 @@ MODE:
   spawnworker a spawn DataLoader worker prints ARMED: whether its SIGTERM handler is ours and
               its thread count
   pool        a ProcessPoolExecutor(2) running 60 s tasks, a DataLoader; SIGTERM to the parent
+  waitmain W  a non-daemon thread waits for the main thread to end (W: join, alive: an is_alive()
+              loop), then prints WAITED:; a DataLoader with workers and a live iterator at the end
+  spawnwait W the same in a spawn multiprocessing child (its loader, its waiting thread)
 
 Prints PIDS: (DataLoader workers, pool workers), READY when waiting for a signal.
 """
@@ -62,6 +65,24 @@ def spawn_child():
     # Runs first in multiprocessing's exit function, which then SIGTERMs daemonic children.
     multiprocessing.util.Finalize(None, lambda: report("MPEXIT", sum(w.is_alive() for w in kept._workers)),
                                   exitpriority=100)
+
+
+def wait_for_main(how):
+    def waiter():
+        if how == "join":
+            threading.main_thread().join()
+        else:
+            while threading.main_thread().is_alive():
+                time.sleep(0.01)
+        report("WAITED", how)
+
+    threading.Thread(target=waiter, name="waits-for-main").start()
+
+
+def spawn_wait(how):
+    global kept
+    kept = loader()
+    wait_for_main(how)
 
 
 def square(x):
@@ -191,6 +212,19 @@ def main(mode):
     if mode == "spawnworker":
         it = loader(1, multiprocessing_context="spawn", worker_init_fn=spawn_worker_init)  # noqa: F841
         time.sleep(0.5)
+        return
+    if mode == "waitmain":
+        globals()["kept"] = loader()  # alive at the end, as a trainer's loader is
+        wait_for_main(sys.argv[2])
+        report("END", time.monotonic())
+        return
+    if mode == "spawnwait":
+        import multiprocessing
+
+        child = multiprocessing.get_context("spawn").Process(target=spawn_wait, args=(sys.argv[2],))
+        child.start()
+        child.join()
+        report("CHILD", child.exitcode)
         return
     if mode == "pool":
         from concurrent.futures import ProcessPoolExecutor
