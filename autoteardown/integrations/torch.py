@@ -20,7 +20,7 @@ TARGETS = (
     ("torch.utils.data.dataloader", "DataLoader"),
     ("torchdata.stateful_dataloader.stateful_dataloader", "StatefulDataLoader"),
 )
-WORKER_GRACE = 0.5  # for an idle worker to leave, and for a SIGTERMed one to die
+WORKER_GRACE = 0.5  # for an idle worker to leave, and for a SIGKILLed one to die
 _EXITCODE_WORDS = {0: "stopped", -15: "ended by SIGTERM", -9: "killed (SIGKILL)"}
 
 
@@ -62,12 +62,22 @@ def on_sigterm(it) -> None:
 
 
 def finalize_one(it, timeout: float) -> None:
-    """Tell every worker to stop and end it at once if it is loading an item: the teardown
-    waits for work whose result outlives the process (engine.py), and an item being
-    loaded dies with it. An idle worker (no task outstanding) leaves by itself
-    within WORKER_GRACE; a busy one is SIGTERMed as multiprocessing would at exit (torch's
-    worker handler makes a SIGTERM from its parent a quiet exit 0), SIGKILLed after
-    WORKER_GRACE, after its pid is taken off torch's SIGCHLD check: no "killed by signal".
+    """End the workers as this process would end them without the shim, never sooner, and
+    within `timeout`; quietly (their pids are taken off torch's SIGCHLD check before any
+    signal: no "killed by signal").
+
+    - Each worker is told to stop (the done event, then its last index): an idle one leaves
+      within WORKER_GRACE; a busy one after the item it is loading.
+    - Where the process would let a busy worker finish its item (torch's own graceful shutdown
+      comes first: its persistent-workers atexit; or this process ends from a SIGTERM of its
+      own, which leaves the workers to finish as orphans), it gets the time torch's shutdown
+      gives it (MP_STATUS_CHECK_INTERVAL): a write in flight completes.
+    - Where the process would SIGTERM it (multiprocessing's exit at a normal end: the item
+      dies with it), it is SIGTERMed now. torch's worker handler makes that a quiet exit 0; a
+      handler of the worker's own has the rest of the budget to finish, as multiprocessing's
+      join would let it, unless a worker died holding the lock they share with this process
+      (below): then no handler can finish.
+    - SIGKILL comes only at the end of the budget.
 
     A worker ended so can die holding a lock it shares with this process: the done event's, which
     it takes to read the event; torch's shutdown sets the event again and would wait on that lock
@@ -84,33 +94,67 @@ def finalize_one(it, timeout: float) -> None:
             it._pin_memory_thread_done_event.set()
             it._worker_result_queue.put((None, None))
             thread.join(grace)
-        it._workers_done_event.set()
-        it._workers_done_event = threading.Event()  # from here on this process never takes the shared lock
+        shared = it._workers_done_event
+        shared.set()
+        it._workers_done_event = threading.Event()  # from here on this process never waits on the shared lock
         it._workers_done_event.set()
         for worker_id, _ in enumerate(it._workers):
             if it._persistent_workers or it._workers_status[worker_id]:
                 it._mark_worker_as_unavailable(worker_id, shutdown=True)
         busy = {info[0] for info in getattr(it, "_task_info", {}).values() if len(info) == 1}
-        until = time.monotonic() + grace
+        idle_until = time.monotonic() + grace
+        busy_until = min(deadline, time.monotonic() + _busy_grace(it))
         for worker_id, w in enumerate(it._workers):
-            if worker_id not in busy:
-                w.join(max(0.0, until - time.monotonic()))
+            w.join(max(0.0, (busy_until if worker_id in busy else idle_until) - time.monotonic()))
         left = [w for w in it._workers if w.exitcode is None]
         if left:
             on_sigterm(it)
-            for method in ("terminate", "kill"):
-                # A SIGKILLed worker dies, if slowly on a loaded machine: wait for it while the
-                # budget lasts, so that torch's own joins (5 s each) find it gone.
-                until = time.monotonic() + grace if method == "terminate" else max(time.monotonic() + grace, deadline)
-                for w in left:
-                    getattr(w, method)()
-                for w in left:
-                    w.join(max(0.0, until - time.monotonic()))
-                left = [w for w in left if w.exitcode is None]
+            for w in left:
+                w.terminate()
+            _join(left, time.monotonic() + grace)  # torch's handler: at once
+            if [w for w in left if w.exitcode is None] and not _lock_lost(shared, grace):
+                _join(left, deadline)  # a handler of the worker's own, at work
+            left = [w for w in left if w.exitcode is None]
+            for w in left:
+                w.kill()
+            # A SIGKILLed worker dies, if slowly on a loaded machine: wait for it while the
+            # budget lasts, so that torch's own joins (5 s each) find it gone.
+            _join(left, max(time.monotonic() + grace, deadline))
             log.debug("ended %d DataLoader worker(s) loading items nobody will read", len(busy))
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
+
+
+def _join(workers, until: float) -> None:
+    for w in workers:
+        w.join(max(0.0, until - time.monotonic()))
+
+
+def _lock_lost(event, wait: float) -> bool:
+    """Did a worker die holding the lock of the done event it shares with this process (a SIGTERM
+    inside `is_set()`)? Every worker that reads the event then waits for ever: no handler of its own
+    can finish, and the rest of the budget would be spent for nothing."""
+    lock = getattr(getattr(event, "_cond", None), "_lock", None)
+    if lock is None:
+        return False
+    if lock.acquire(timeout=wait):
+        lock.release()
+        return False
+    return True
+
+
+def _busy_grace(it) -> float:
+    """How long a busy worker may finish its item: torch's shutdown's own wait where the process
+    would let it (see finalize_one), else nothing."""
+    from .. import signals  # loaded by then: the process is armed
+
+    dataloader = sys.modules.get("torch.utils.data.dataloader")
+    atexit_set = getattr(dataloader, "_persistent_workers_atexit", None)  # torch >= 2.13
+    graceful = it in atexit_set if atexit_set is not None else it._persistent_workers and it._pin_memory
+    if not graceful and signals.received() is None:
+        return 0.0
+    return float(getattr(sys.modules.get("torch.utils.data._utils"), "MP_STATUS_CHECK_INTERVAL", 5.0))
 
 
 def describe(it) -> str:
