@@ -169,3 +169,38 @@ def test_without_the_shim_a_sigterm_loses_the_save(jobs, checkpointer):
     result, _ = save(jobs, "sigterm", shim=False, **(PROCESS if checkpointer == "process" else {}))
     assert result.returncode == -signal.SIGTERM, result
     assert loaded(jobs) != "equal", result
+
+
+@pytest.mark.parametrize("shim", [True, False])
+def test_a_save_stuck_on_a_collective_is_given_up_without_its_budget(jobs, shim):
+    """Two ranks train in an all_reduce loop on the group the save's own collectives use: they
+    cross, and the save never completes (before any signal). Every process of the job is then
+    signalled at once: with the shim the ranks are gone within the SIGTERM's wait for the main
+    thread (stuck in the collective) and the save's STALL_S, far inside the budget; the status
+    is torchrun's as without the shim, and no .metadata either way."""
+    from autoteardown.integrations.checkpoint import STALL_S
+    from autoteardown.signals import WAIT_FOR_MAIN_THREAD
+
+    budget = 30
+    proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                       "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                       str(SCRIPTS / "checkpoint_job.py"), str(jobs.dir), "crossed", "50"],
+                      env=base_env(shim=shim, **jobs.env(OMP_NUM_THREADS=1, AUTOTEARDOWN_TIMEOUT=budget)),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = wait_for_ranks(proc, timeout=180)
+    time.sleep(1.5)  # the save is stuck by then
+    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    sent = time.monotonic()
+    for pid in job:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    assert wait_gone(job, within=budget + LOAD_MARGIN) == []
+    took = time.monotonic() - sent
+    result = jobs.finish(proc, timeout=60, before="".join(seen))
+    print(f"shim={shim}: every process gone {took:.2f}s after the signal, status {result.returncode}")
+    assert result.returncode != 0 and not os.path.exists(jobs.dir / "ckpt" / ".metadata"), result
+    if shim:
+        assert took < WAIT_FOR_MAIN_THREAD + STALL_S + LOAD_MARGIN, (took, result)
+        assert "no progress for" in result.stderr, result

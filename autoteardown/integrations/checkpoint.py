@@ -8,7 +8,11 @@ The teardown waits for each save still in flight (its upload future), within the
 budget of AUTOTEARDOWN_TIMEOUT, after the DataLoader workers (which end at once) and before
 the process groups are destroyed (the save's last step gathers over the group). A save that
 cannot finish in its budget is left as it is, with one warning: its id, the bytes written,
-the time waited. A save the user waited for costs nothing. Both checkpointers are covered:
+the time waited. A save that makes no progress for STALL_S is given up then: this process
+used next to no CPU (BUSY), nothing was written to its checkpoint folder, and no child
+process of its own runs (the process checkpointer's writer, being started or saving). Such a save is stuck (on a collective that the training loop's own
+collectives crossed, or on a broken group) and never completes. A save the user waited for
+costs nothing. Both checkpointers are covered:
 the thread one (the default) and the process one, whose writer, a spawn process, outlives
 its parent without the shim and finishes a save the parent left: a save left incomplete
 here is left to that writer (`signals.spare`), which ends itself once idle.
@@ -25,6 +29,9 @@ from . import kind_of
 
 KIND = kind_of(__name__)
 WARN_S = 0.2
+STALL_S = 1.0  # no progress for that long: the save is stuck
+POLL_S = 0.1
+BUSY = 0.2  # the share of a core that counts as work being done
 _saves: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # upload future -> checkpoint id
 
 
@@ -55,25 +62,61 @@ def finalize_one(future, timeout: float) -> "str | None":
         return None  # waited for by the user, or by concurrent.futures at exit
     import concurrent.futures
 
-    started, checkpoint = time.monotonic(), _saves.get(future) or "(no id)"
+    started, checkpoint = time.monotonic(), _saves.get(future)
+    until, progress, stalled = started + max(0.0, timeout - WARN_S), _Progress(checkpoint), False
     try:  # a moment of the budget kept to say what is left, within it
-        future.result(max(0.0, timeout - WARN_S))
+        while True:
+            try:
+                future.result(max(0.0, min(POLL_S, until - time.monotonic())))
+                break
+            except concurrent.futures.TimeoutError:
+                stalled = progress.stalled()
+                if stalled or time.monotonic() >= until:
+                    raise
     except concurrent.futures.TimeoutError:
         written = _bytes_written(checkpoint)
-        log.warning("checkpoint %s not complete after waiting %.1fs (%s written): left as it is",
-                    checkpoint, time.monotonic() - started,
-                    f"{written / 2**20:.0f} MB" if written is not None else "? bytes")
-        executor = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
-        writer = getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
-        if writer is not None and writer.pid is not None:
+        log.warning("checkpoint %s not complete after waiting %.1fs (%s written%s): left as it is",
+                    checkpoint or "(no id)", time.monotonic() - started,
+                    f"{written / 2**20:.0f} MB" if written is not None else "? bytes",
+                    f", no progress for {STALL_S:g}s" if stalled else "")
+        writer = _writer()
+        if writer is not None:
             from .. import signals  # loaded by then: the process is armed
 
             signals.spare(writer.pid)
         return "left incomplete"
     except Exception as error:  # the storage failed, or the writer process was killed
-        log.warning("checkpoint %s not saved: %s", checkpoint, error)
+        log.warning("checkpoint %s not saved: %s", checkpoint or "(no id)", error)
         return "failed"
     return "saved"
+
+
+class _Progress:
+    """Whether a save is still doing something (see the module docstring), looked at each poll."""
+
+    def __init__(self, checkpoint: "str | None") -> None:
+        self.checkpoint, self.cpu, self.written = checkpoint, time.process_time(), _bytes_written(checkpoint)
+        self.at = self.seen = time.monotonic()
+
+    def stalled(self) -> bool:
+        now, cpu, written = time.monotonic(), time.process_time(), _bytes_written(self.checkpoint)
+        if cpu - self.cpu > BUSY * (now - self.seen) or written != self.written or _children():
+            self.at = now
+        self.cpu, self.written, self.seen = cpu, written, now
+        return now - self.at >= STALL_S
+
+
+def _children() -> bool:
+    """Does a child process of this one run (multiprocessing's: DataLoader workers have ended by now)?"""
+    multiprocessing = sys.modules.get("multiprocessing")
+    return bool(multiprocessing and multiprocessing.active_children())
+
+
+def _writer():
+    """The process checkpointer's writer while it runs (a save left to it completes there)."""
+    executor = sys.modules.get("torch.distributed.checkpoint._async_process_executor")
+    writer = getattr(getattr(executor, "_CHECKPOINT_PROCESS", None), "_save_process", None)
+    return writer if writer is not None and writer.pid is not None and writer.is_alive() else None
 
 
 def _bytes_written(checkpoint) -> "int | None":

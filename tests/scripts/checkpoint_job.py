@@ -9,6 +9,8 @@ checkpoint_job.py DIR MODE [MEGABYTES]
             benchmark's reference: what a user would write by hand)
   waited    save, wait for it, print PIDS: <writer pid> (the process checkpointer's) and
             READY, go on
+  crossed   as sigterm, training in an all_reduce loop on the same group as the save's own
+            collectives, which cross them: the save never completes (the test signals every process)
   load      load DIR/ckpt into fresh tensors (every rank's); print LOADED: equal|different
 CHECKPOINTER=process selects AsyncCheckpointerType.PROCESS (its writer is a spawn process);
 the default is the thread checkpointer. Prints SAVING: <monotonic time> when async_save
@@ -83,6 +85,8 @@ def main():
         sys.exit(3)
     os.write(1, f"READY {rank}\n".encode())  # one write: torchrun's ranks share one stdout
     weights = torch.randn(256, 256)
+    while mode == "crossed":
+        dist.all_reduce(weights)
     while True:  # training goes on while the checkpoint is written
         weights = torch.tanh(weights @ weights.T / 256)
 
