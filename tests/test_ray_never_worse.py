@@ -7,7 +7,7 @@ import uuid
 import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, reported, wait_gone, wait_until_empty
+from helpers import LOAD_MARGIN, python, reported, wait_gone, wait_until_empty
 
 pytest.importorskip("ray")
 
@@ -56,3 +56,21 @@ def test_an_actor_ending_actors_leaves_one_reaper_that_ends_their_processes(jobs
     assert wait_gone(children, within=grace + LOAD_MARGIN) == [], result
     assert wait_until_empty(lambda: reapers(run_id), within=LOAD_MARGIN) == [], result
 
+
+def test_a_jobs_actors_leave_no_key_in_gcs(jobs):
+    # A shared cluster outlives its jobs: an actor's key (ray_worker.ARMED) goes when the actor
+    # ends (ray.kill, __ray_terminate__), and the rest of the job's at the driver's end.
+    from test_ray_cluster import RAY, ray_start
+
+    with ray_start(RAY) as address:
+        env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled",
+               "RAY_RUNTIME_ENV_HOOK": "autoteardown.ray_runtime_env_hook"}  # the cluster's workers get the shim
+        result = jobs.run("ray_nw_keys.py", env=env, timeout=180)
+        assert result.returncode == 0, result
+        assert reported(result.stdout, "KEYS_MADE") == [3], result  # each actor said it started a process
+        assert reported(result.stdout, "ENDED_LEFT") == [0], result  # gone as they ended, while the driver runs
+        listed = python("import ray; ray.init(); "
+                        "print('KEYS:', len(ray._private.worker.global_worker.gcs_client.internal_kv_keys("
+                        "b'', b'autoteardown-armed', timeout=10)))", shim=False, env=env, timeout=120)
+        assert listed.returncode == 0, listed
+        assert reported(listed.stdout, "KEYS") == [0], (listed.stdout, listed.stderr[-2000:], result)

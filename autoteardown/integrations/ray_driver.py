@@ -21,6 +21,7 @@ Train's controller): actors it ends really end, and live ones tear down first.
   teardown ends (SIGTERM) are handed on the same way once sent.
 """
 
+import atexit
 import signal
 import threading
 import time
@@ -45,6 +46,9 @@ _known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, nod
 _handed_on: set = set()  # in an actor: the ids of the actors it ended (each handed on once)
 HAND_ON_WAIT_S = 1.0  # a hand-off without the actor's record: a GCS lookup (ms), then a line to the reaper
 _gcs_silent = False   # in an actor: a hand-off's lookup outlasted HAND_ON_WAIT_S and has not returned yet
+_unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
+_unarm_lock = threading.Lock()
+_exit_hooked = False    # in a driver: unarm_job is registered for its exit
 
 
 def patch(patches: Patches) -> None:
@@ -60,8 +64,12 @@ def patch(patches: Patches) -> None:
 
 
 def _on_actor_created(wrapped, instance, args, kwargs):
+    global _exit_hooked
     handle = wrapped(*args, **kwargs)
     try:
+        if not _exit_hooked and not ray_worker.in_actor():
+            _exit_hooked = True
+            atexit.register(unarm_job)  # after ray.init's own hook: runs before Ray's shutdown
         if not _detached(kwargs.get("lifetime")):  # a detached actor outlives us on purpose
             registry.record(KIND, handle)
             _learn(handle._ray_actor_id.hex(), 0.5)
@@ -132,6 +140,7 @@ def _watch_ending(handle, requested_at):
     try:
         info = _known.get(handle._ray_actor_id.hex())  # its learned record: no GCS request to locate it
         _forget(handle)
+        _unarm(handle._ray_actor_id.hex())
         if ray_worker.in_actor():
             _hand_on_at_once(handle, requested_at, info)
             return
@@ -188,7 +197,55 @@ def _forget(actor):
 def _on_shutdown(wrapped, instance, args, kwargs):
     if registry.live(KIND):  # our actors end before Ray's own processes
         engine.finalize(kinds=(KIND,))
+    if instance is None:  # ray.shutdown(), not Node.kill_all_processes (GCS goes with it)
+        unarm_job()
     return wrapped(*args, **kwargs)
+
+
+# ---- the keys of the actors that said they have something to tear down ----------
+
+def _unarm(actor_id):
+    """An ended actor's key out of GCS (ray_worker.ARMED), off the caller's path: one runner removes the
+    queued keys in turn (a GCS that does not answer costs it a second a key, never the caller)."""
+    with _unarm_lock:
+        idle = not _unarming
+        _unarming.add(actor_id)
+    if idle:
+        threads.run_soon(_unarm_queued)
+
+
+def _unarm_queued():
+    import ray
+
+    while not ray_worker.forked:  # Ray's clients are the process's that made them (ray_worker)
+        with _unarm_lock:
+            if not _unarming:
+                return
+            actor_id = next(iter(_unarming))
+        try:
+            ray._private.worker.global_worker.gcs_client.internal_kv_del(
+                ray_worker.armed_key(actor_id), False, ray_worker.ARMED, timeout=1.0)
+        except Exception:
+            log.debug_exception("could not remove the key of actor %s", actor_id[:8])
+        finally:
+            with _unarm_lock:
+                _unarming.discard(actor_id)
+
+
+def unarm_job():
+    """A driver's end (its exit, `ray.shutdown()`): every key of its job out of GCS in one request: an
+    ended actor's that its runner did not get to, one an actor left when it ended with no hook, those of
+    the actors an actor created. Not in a stopped job (its GCS is going away: ask it nothing)."""
+    import ray
+
+    try:
+        if ray_worker.stopped or ray_worker.forked or ray_worker.in_actor() or not ray.is_initialized():
+            return  # a fork child inherits this hook, not the driver's Ray clients (ray_worker)
+        job = ray.get_runtime_context().get_job_id()
+        ray._private.worker.global_worker.gcs_client.internal_kv_del(f"{job}:".encode(), True, ray_worker.ARMED,
+                                                                     timeout=1.0)
+    except Exception:
+        log.debug_exception("could not remove this job's keys from GCS")
 
 
 # ---- at exit: everything at once, one wait ------------------------------------
@@ -301,20 +358,21 @@ def _with_processes(actor_ids, now, announced):
 
 
 def armed(actor_ids):
-    """{actor id: b"" (recorded something) or STARTED} of these actors, taking their keys out of GCS;
-    all as recorded if GCS is silent 1 s."""
+    """{actor id: b"" (recorded something) or STARTED} of these actors; all as recorded if GCS is silent
+    1 s. Their keys go: in an actor, off its path (_unarm); in a driver, with its job's (unarm_job)."""
     import ray
 
     try:
+        keys = {ray_worker.armed_key(actor_id): actor_id for actor_id in actor_ids}
         gcs = ray._private.worker.global_worker.gcs_client
-        keys = [actor_id.encode() for actor_id in actor_ids]
-        found = gcs.internal_kv_multi_get(keys, ray_worker.ARMED, timeout=1.0) if keys else {}
-        for key in found:
-            gcs.internal_kv_del(key, False, ray_worker.ARMED, timeout=1.0)
+        found = gcs.internal_kv_multi_get(list(keys), ray_worker.ARMED, timeout=1.0) if keys else {}
     except Exception:
         log.debug_exception("could not ask GCS which actors recorded something")
         return dict.fromkeys(actor_ids, b"")
-    return {key.decode(): value for key, value in found.items()}
+    if ray_worker.in_actor():
+        for key in found:
+            _unarm(keys[key])
+    return {keys[key]: value for key, value in found.items()}
 
 
 # ---- ending actors ------------------------------------------------------------

@@ -33,7 +33,7 @@ TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
 TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
-ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down
+ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down (armed_key)
 STARTED = b"started"  # the value there of an actor that has started processes but recorded nothing
 _patches: "Patches | None" = None  # the ray integration's, for the Ray Train hooks
 _main = threading.main_thread().ident
@@ -45,7 +45,7 @@ _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
 _marked = False   # ray_reaper.mark() was called (or this is no actor)
 _started = False  # this actor announced a process it started
-_forked = False   # a fork child of an actor: no actor (see _after_fork_in_child)
+forked = False    # a fork child: Ray's clients are not its own, and it is no actor (_after_fork_in_child)
 
 
 def patch(patches: Patches) -> None:
@@ -65,12 +65,18 @@ def patch(patches: Patches) -> None:
 
 
 def in_actor():
-    if _forked:
+    if forked:
         return False
     import ray
 
     worker = ray._private.worker.global_worker
     return worker.mode == ray.WORKER_MODE and not worker.actor_id.is_nil()
+
+
+def armed_key(actor_id):
+    """An actor's key in ARMED: its job's id first (an actor id's last 8 hex digits), so that one request
+    removes all of a job's keys (ray_driver.unarm_job). ray_driver removes each when its actor ends."""
+    return f"{actor_id[-8:]}:{actor_id}".encode()
 
 
 def _announce(value=b""):
@@ -82,7 +88,7 @@ def _announce(value=b""):
             import ray
 
             worker = ray._private.worker.global_worker
-            worker.gcs_client.internal_kv_put(worker.actor_id.hex().encode(), value, not value, ARMED, timeout=1)
+            worker.gcs_client.internal_kv_put(armed_key(worker.actor_id.hex()), value, not value, ARMED, timeout=1)
     except Exception:
         log.debug_exception("could not announce this actor")
 
@@ -237,8 +243,8 @@ def _after_fork_in_child():
     for every Ray call of ours (in_actor() is False: it announces nothing, hands no ending on), none of its
     parent's state (announced, asked, tearing down) is its own, and a SIGTERM handler of Ray's it inherited
     goes on as without us."""
-    global _forked, _started, _asked, stopped, _tearing, _done, _deferred, _in_method
-    _forked = _started = _done = True
+    global forked, _started, _asked, stopped, _tearing, _done, _deferred, _in_method
+    forked = _started = _done = True
     _asked = stopped = _tearing = _deferred = False
     _in_method = 0
     ray_reaper.after_fork_in_child()
