@@ -22,12 +22,14 @@ import json, os, sys
 from aim import Repo
 from aim.storage.context import Context
 repo = Repo.from_path(sys.argv[1])
+active = set(repo.list_active_runs())  # what aim's UI shows as active: the progress flags left
 found = []
 for run in repo.iter_runs():
     metric = run.get_metric(sys.argv[2], Context({}))
     values = metric.values.sparse_numpy()[1] if metric else []  # keyed by a hash of the step
     locked = os.path.exists(os.path.join(sys.argv[1], ".aim", "locks", run.hash + ".softlock"))
-    found.append(["in progress" if run.active or run.end_time is None or locked else "closed", sorted(map(float, values))])
+    in_progress = run.active or run.end_time is None or locked or run.hash in active
+    found.append(["in progress" if in_progress else "closed", sorted(map(float, values))])
 print(json.dumps(sorted(found)))
 """
 
@@ -38,7 +40,7 @@ def job(jobs, what, ending, **kwargs):
 
 def tracked(folder, metric):
     """(state, the metric's values, sorted) of each run in the repository at `folder`: "closed"
-    (an end time, not active, no lock left) or "in progress"."""
+    (an end time, not active, no lock left, not listed by `Repo.list_active_runs()`) or "in progress"."""
     if not (folder / ".aim").exists():
         return []
     aim = Path(sys.executable).parent / "aim"

@@ -11,6 +11,11 @@ a closed run is finished, as aim's own callback leaves it.
 The run's lock is a thread-local file lock (filelock's default): released from the
 teardown's runner thread it stays held, so its file is removed here, as its release in
 the opening thread would.
+
+`close()` leaves the run's two write containers (its meta and its sequences) open in the
+repository's pool: aim closes them from its atexit callback too, and their `progress` flag
+files, which `Repo.list_active_runs()` and aim's UI read as "this run is active", go only
+then. So they are closed here after the run, as that callback would.
 """
 
 import os
@@ -40,12 +45,22 @@ def _record(run) -> None:
 def finalize_one(run, timeout: float) -> None:
     lock = getattr(getattr(getattr(run, "_lock", None), "_sf_lock", None), "lock_file", None)
     still_open = getattr(run, "_resources", None) is not None  # else closed: its lock released
+    repo = getattr(run, "repo", None)
     run.close()
+    _close_containers(repo, getattr(run, "hash", None))
     if lock is not None and still_open:
         try:
             os.remove(lock)
         except FileNotFoundError:  # released after all (closed in the thread that opened it)
             pass
+
+
+def _close_containers(repo, run_hash) -> None:
+    """Close the run's write containers in the repository's pool (their keys: name, sub, read_only)."""
+    pool = getattr(repo, "container_pool", None)
+    for config, container in list(pool.items()) if pool is not None and run_hash else ():
+        if getattr(config, "sub", None) == run_hash and getattr(config, "read_only", True) is False:
+            container.close()
 
 
 def describe(run) -> str:
