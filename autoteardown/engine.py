@@ -285,9 +285,9 @@ def _hook_exit() -> None:
     import threading
 
     # Called before Python joins the non-daemon threads, and before every atexit callback.
-    late = getattr(threading, "_register_atexit", None)
-    if late is not None and not getattr(threading, "_SHUTTING_DOWN", False):
-        late(_on_exit)  # type: ignore[attr-defined]
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None and not getattr(threading, "_SHUTTING_DOWN", False):
+        register(_on_exit)
     else:  # not CPython >= 3.9, or already shutting down
         import atexit
 
@@ -340,7 +340,7 @@ def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
     if frame is not None and _state.armed_pid == os.getpid() and not _state.exit_done:
         exitstatus.multiprocessing_exit(sys.exc_info()[1])
         try:
-            threading._shutdown()  # type: ignore[attr-defined]
+            threading._shutdown()
         except BaseException as exc:  # a Ctrl-C in the join: the teardown still runs
             log.debug("threading._shutdown: %r", exc)
         _on_exit_after_threads()
