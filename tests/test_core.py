@@ -143,3 +143,55 @@ print("OK")
 def test_finalize_keeps_the_position_and_starts_no_workers():
     result = python(STATE_AFTER_FINALIZE, timeout=120)
     assert result.stdout.strip() == "OK", result.stderr
+
+
+WAITS_FOR_MAIN = """
+import multiprocessing, sys, threading, time
+import autoteardown
+from autoteardown import engine, registry
+
+class Resource:
+    pass
+
+def finalize(obj, timeout):
+    print("FINALIZED", "after" if WAITED else "before", "the waiting thread", flush=True)
+
+WAITED = []
+
+def waiter(how):
+    if how == "join":
+        threading.main_thread().join()
+    else:
+        while threading.main_thread().is_alive():
+            time.sleep(0.01)
+    WAITED.append(how)
+    print("WAITED", how, flush=True)
+
+def main(how):
+    engine.register_kind("resource", 50, finalize)
+    globals()["kept"] = Resource()
+    registry.record("resource", kept)
+    threading.Thread(target=waiter, args=(how,)).start()
+
+if __name__ == "__main__":
+    how, where = sys.argv[1:]
+    if where == "child":
+        child = multiprocessing.get_context("spawn").Process(target=main, args=(how,))
+        child.start()
+        child.join()
+        print("CHILD", child.exitcode, flush=True)
+    else:
+        main(how)
+"""
+
+
+@pytest.mark.parametrize("where", ["main", "child"])
+@pytest.mark.parametrize("how", ["join", "alive"])
+def test_a_thread_waiting_for_the_main_thread_ends_before_the_teardown(tmp_path, how, where):
+    # Python marks the main thread stopped, then joins the others; the teardown comes after.
+    script = tmp_path / "waits.py"
+    script.write_text(WAITS_FOR_MAIN)
+    result = python([script, how, where], timeout=60)
+    assert result.returncode == 0, result
+    assert f"WAITED {how}" in result.stdout and "FINALIZED after the waiting thread" in result.stdout, result
+    assert where == "main" or "CHILD 0" in result.stdout, result
