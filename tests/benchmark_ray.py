@@ -157,7 +157,7 @@ def main():
         for stop_gcs in (False, True):
             for shim in (True, False):
                 took, reapers = kill_40(args.runs, shim, stop_gcs)
-                line(f"ray.kill of 40 busy actors by an actor{', gcs_server stopped' if stop_gcs else ''}, "
+                line(f"40 ray.kill by an actor{', gcs_server stopped' if stop_gcs else ''}, "
                      f"{'autoteardown' if shim else 'no shim'}",
                      f"median {statistics.median(took):.1f} ms a call, {sum(took) / max(1, len(reapers)):.0f} ms "
                      f"in all; reapers left {', '.join(f'{n} ({mb} MB)' for n, mb in reapers)}"
