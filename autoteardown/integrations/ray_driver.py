@@ -155,8 +155,8 @@ def _hand_on_at_once(handle, requested_at, info):
     """Hand the ending on before the call that ended it returns: an actor may be killed as soon as it has.
     With the actor's learned record (`info`), that asks GCS nothing: a line to this actor's reaper
     (ray_reaper.hand_off). Without it, a runner looks the actor up, and the caller waits HAND_ON_WAIT_S
-    at most, and not at all while an earlier lookup is unanswered: a GCS that does not answer costs one
-    call that wait, not every call. What is not handed on is watched here while this actor lives."""
+    at most, and not at all while an earlier lookup is unanswered: a GCS that does not answer holds one
+    call that long, not every call. What is not handed on is watched here while this actor lives."""
     global _gcs_silent
     actor_id = handle._ray_actor_id.hex()
     if actor_id in _handed_on:

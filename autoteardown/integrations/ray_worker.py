@@ -239,10 +239,10 @@ def _on_actor_exit(wrapped, instance, args, kwargs):
 def _after_fork_in_child():
     """Ray's clients belong to the process that made them: a fork child never uses them. A GCS request
     through the parent's client is never answered, and its timeout does not apply: the child would wait
-    forever (a DataLoader worker's first subprocess, announced). So a fork child of an actor is no actor
-    for every Ray call of ours (in_actor() is False: it announces nothing, hands no ending on), none of its
-    parent's state (announced, asked, tearing down) is its own, and a SIGTERM handler of Ray's it inherited
-    goes on as without us."""
+    forever (a DataLoader worker's first subprocess, announced). So a fork child (of an actor or a driver)
+    is `forked`, which every Ray call of ours checks: it is no actor (in_actor() is False: it announces
+    nothing, hands no ending on), removes no key (ray_driver), none of its parent's state (announced,
+    asked, tearing down) is its own, and a SIGTERM handler of Ray's it inherited goes on as without us."""
     global forked, _started, _asked, stopped, _tearing, _done, _deferred, _in_method
     forked = _started = _done = True
     _asked = stopped = _tearing = _deferred = False
