@@ -39,6 +39,7 @@ EXPECTED = {
     "trackio": {"trackio.run.Run.__init__"},
     "comet": {"comet_ml.experiment.CometExperiment.__init__"},
     "aim": {"aim.sdk.run.Run.__init__"},
+    "clearml": {"clearml.task.Task.init"},
 }
 
 CONTRACT = r"""

@@ -71,6 +71,8 @@ TABLE = {
     "trackio": Integration("trackio", 27, ("trackio",), "trackio runs", Requirement("trackio", "0.40", "0.44")),
     "aim": Integration("aim", 23, ("aim",), "Aim runs", Requirement("aim", "3.29", "3.30")),
     "comet": Integration("comet", 29, ("comet_ml",), "Comet experiments", Requirement("comet_ml", "3.58")),
+    # After the local writes: a task stopped by SIGTERM waits up to 5 s for clearml's reporting subprocess.
+    "clearml": Integration("clearml", 29, ("clearml",), "ClearML tasks", Requirement("clearml", "2.1", "2.2")),
 }
 _patches: "dict[str, Patches]" = {}            # name -> what it wrapped, once instrumented
 # engine.register_kind, set by install(): the engine is handed in, not imported (it imports us, through report.py).

@@ -1,0 +1,74 @@
+"""ClearML tasks: a SIGTERM ends the job, and the task as "stopped" with every scalar it reported.
+
+clearml (2.1) ends its main task from its own exit hook (an atexit callback,
+`Task._at_exit`), which gives the task its state on the server: completed, failed for an
+uncaught exception or a non-zero `sys.exit`, stopped for Ctrl-C. That is the true state, so
+for those endings the task is left to it: it runs after our teardown, as without us.
+
+A SIGTERM is the exception. `Task.init` puts its own handler on SIGTERM, which, over the
+default, does nothing: the job does not end, its task stays "running". So when a task is
+recorded we put SIGTERM's handler back to what it was before `Task.init` (the default, or
+ours), and our unwind ends the job. The teardown then ends the task from the runner thread
+through clearml's own exit path with the signal set, as its handler would: it marks the task
+stopped and stops its reporting subprocess, whose last write sends every scalar still queued
+(the flush first hands it what this process holds). The process then dies of the signal.
+
+Private names (2.1): `ExitHooks._org_handlers` and `.signal`, `Task._Task__exit_hook`,
+`Task._Task__main_task` (a task made before we were imported), `Task._at_exit_called`.
+"""
+
+import signal
+import threading
+
+from .. import registry, signals
+from ..patches import Patches
+from . import kind_of, recording
+
+KIND = kind_of(__name__)
+
+
+def patch(patches: Patches) -> None:
+    from clearml import Task
+
+    patches.wrap(Task, "init", recording(_record))
+    running = vars(Task).get("_Task__main_task")  # one made before we were imported
+    if running is not None:
+        _record(running)
+
+
+def _record(task) -> None:
+    _give_sigterm_back()
+    registry.record(KIND, task)  # arms the engine: our handler goes on a default SIGTERM
+
+
+def _give_sigterm_back() -> None:
+    """If clearml's exit hook holds SIGTERM over the default (which it swallows) or over ours,
+    put that one back: the job ends on SIGTERM, as without clearml."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    hooks = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    saved: "dict | None" = getattr(hooks, "_org_handlers", None) if type(hooks).__name__ == "ExitHooks" else None
+    if not saved or signal.SIGTERM not in saved:
+        return
+    previous = saved[signal.SIGTERM]
+    if previous in (signal.SIG_DFL, None) or getattr(previous, "__module__", "") == signals.__name__:
+        signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+        del saved[signal.SIGTERM]  # else clearml's close() would put its own back
+    # A handler of the user's own: clearml hands SIGTERM on to it, left as it is.
+
+
+def finalize_one(task, timeout: float) -> "str | None":
+    if getattr(task, "_at_exit_called", True):
+        return None  # closed by the user, or ended by clearml already
+    received = signals.received()
+    hooks = getattr(type(task), "_Task__exit_hook", None)
+    if received is None or hooks is None:
+        return "left to clearml's exit hook"  # it runs next, with the true state
+    hooks.signal = received[0]  # clearml's handler would have set it: the task ends "stopped"
+    task.flush(wait_for_uploads=False)
+    task._at_exit()
+    return None
+
+
+def describe(task) -> str:
+    return f"task {getattr(task, 'id', '?')} ({getattr(task, 'name', '?')})"
