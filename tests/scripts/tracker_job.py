@@ -1,8 +1,9 @@
 """An unmodified script logging to SwanLab (offline), Trackio (local), Comet (an
-OfflineExperiment) or Aim (a repository), in TRACKER_DIR.
+OfflineExperiment) or Aim (a repository), in TRACKER_DIR, or to ClearML (a task on the
+server CLEARML_API_HOST names).
 Usage: tracker_job.py LIBRARY WHAT ENDING
 
-LIBRARY: swanlab, trackio, comet, aim.
+LIBRARY: swanlab, trackio, comet, aim, clearml.
 WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoader with
          2 workers, as the issue measured); finished (the user ends the run, then the
          script ends: the run is left as the user ended it); fork (a raw fork child
@@ -54,6 +55,15 @@ elif library == "aim":
 
     def end(run):
         run.close()
+elif library == "clearml":
+    from clearml import Task  # its server: CLEARML_API_HOST (tests/clearml_server.py's stand-in)
+
+    def start():  # as verl's ClearMLLogger
+        return Task.init(project_name="autoteardown-tests", task_name=what, continue_last_task=True,
+                         output_uri=False)
+
+    def end(run):
+        run.close()
 else:
     import trackio  # its folder: TRACKIO_DIR
 
@@ -72,6 +82,8 @@ def log(run, steps):
             run.log_metric("loss", 1.0 / (step + 1), step=step)
         elif library == "aim":
             run.track(1.0 / (step + 1), name="loss", step=step)
+        elif library == "clearml":
+            run.get_logger().report_scalar("loss", "loss", 1.0 / (step + 1), iteration=step)
         else:
             run.log({"loss": 1.0 / (step + 1)}, step=step)
         time.sleep(0.1)  # a training step: trackio's sender writes every 0.5 s in between
@@ -121,9 +133,10 @@ else:
 if what == "late_import":
     import autoteardown  # noqa: F401  (from PYTHONPATH, not the sitecustomize)
 owner = {"swanlab": "swanlab.sdk.internal.run:Run", "trackio": "trackio.run:Run",
-         "comet": "comet_ml.experiment:CometExperiment", "aim": "aim.sdk.run:Run"}[library].split(":")
+         "comet": "comet_ml.experiment:CometExperiment", "aim": "aim.sdk.run:Run",
+         "clearml": "clearml.task:Task:init"}[library].split(":")
 print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
-init = vars(getattr(sys.modules[owner[0]], owner[1]))["__init__"]  # aim's own is a functools.wraps wrapper
+init = vars(getattr(sys.modules[owner[0]], owner[1]))[owner[2] if owner[2:] else "__init__"]  # aim's: functools.wraps
 print("PATCHED:", type(init).__module__.startswith("wrapt"), flush=True)
 log(run, range(STEPS))
 if what == "finished":

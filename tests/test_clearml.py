@@ -1,0 +1,105 @@
+"""ClearML tasks end with their true state and every scalar, on every ending, and a SIGTERM
+ends the job: the real clearml client in subprocesses (tests/scripts/tracker_job.py, as
+verl's ClearMLLogger) against a stand-in for ClearML's API (tests/clearml_server.py, its own
+process), whose records are the task's state on the server (tasks.completed / failed /
+stopped) and the scalars it received (events.add_batch). Baselines without the shim (reported,
+not gating) are those of clearml 2.1.12: for every ending but SIGTERM they are the reference
+the shim keeps (it leaves those to clearml's own exit hook). The patch contract is in
+test_contract.py, the gate's in test_trackers.py."""
+
+import signal
+
+import pytest
+
+pytest.importorskip("clearml")
+
+from clearml_server import Server  # noqa: E402
+
+from helpers import LOAD_MARGIN, ROOT, ended_quietly, tracker_job, wait_for_line, wait_session_gone  # noqa: E402
+
+TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT's default
+STEPS = list(range(8))  # what tracker_job.py logs
+ENDINGS = {"normal": (0, 0), "exit3": (3, 0), "raise": (1, 1), "interrupt": (-2, 1), "sigterm": (-15, 0)}
+STATES = {"normal": "completed", "exit3": "failed", "raise": "failed", "interrupt": "stopped", "sigterm": "stopped"}
+ENDS = ("tasks.started", "tasks.completed", "tasks.failed", "tasks.stopped", "tasks.close")
+
+
+@pytest.fixture
+def server(jobs):
+    stand_in = Server(jobs.dir, jobs)
+    try:
+        yield stand_in
+    finally:
+        stand_in.stop()
+
+
+def job(jobs, server, what, ending, **kwargs):
+    return tracker_job(jobs, "clearml", what, ending, **server.env(), **kwargs)
+
+
+def states(calls):
+    """The state changes the server received, in order: ["started", "stopped"]."""
+    return [c["endpoint"].split(".")[1] for c in calls if c["endpoint"] in ENDS]
+
+
+def scalars(calls):
+    """The iterations of the `loss` scalars the server received, sorted."""
+    return sorted(e["iter"] for c in calls if c["endpoint"] == "events.add_batch" for e in c["body"]["events"]
+                  if e.get("type") == "training_stats_scalar" and e.get("metric") == "loss")
+
+
+def read(folder):
+    """(states, scalars) as the stand-in recorded them in folder (for test_trackers.py)."""
+    calls = Server.read(folder)
+    return states(calls), scalars(calls)
+
+
+WHOLE = (["started", "failed"], STEPS)  # test_trackers.py's ending, exit3, as clearml alone leaves it
+
+
+def check(server, result, status, state, traces=0):
+    ended_quietly(result, status, traces)
+    calls = server.calls()
+    assert (states(calls), scalars(calls)) == (["started", state], STEPS), result
+    assert wait_session_gone(result.pid, LOAD_MARGIN) == [], result  # clearml's reporting subprocess too
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_every_ending_gives_the_task_its_true_state_and_every_scalar(jobs, server, ending):
+    status, traces = ENDINGS[ending]
+    result = job(jobs, server, "one", ending)
+    check(server, result, status, STATES[ending], traces)
+    if ending == "sigterm":  # clearml's handler swallows it: ours ends the job within the deadline
+        assert result.elapsed < TIMEOUT + LOAD_MARGIN, result
+
+
+@pytest.mark.baseline
+@pytest.mark.parametrize("ending", [e for e in ENDINGS if e != "sigterm"])
+def test_without_the_shim_clearml_alone_gives_the_same_state(jobs, server, ending):
+    """The reference the shim keeps: clearml's own exit hook ends the task (not a symptom)."""
+    status, traces = ENDINGS[ending]
+    check(server, job(jobs, server, "one", ending, shim=False), status, STATES[ending], traces)
+
+
+@pytest.mark.baseline
+def test_without_the_shim_clearml_swallows_sigterm(jobs, server):
+    env = {"TRACKER_DIR": jobs.dir, **server.env()}
+    proc = jobs.start("tracker_job.py", "clearml", "one", "sigterm", shim=False, env=env)
+    wait_for_line(proc, "READY")
+    proc.send_signal(signal.SIGTERM)
+    with pytest.raises(Exception, match="timed out"):  # still running at the shim's bound
+        proc.wait(timeout=TIMEOUT + LOAD_MARGIN)
+    assert states(server.calls()) == ["started"]  # the task stays "running" on the server
+
+
+def test_a_task_started_before_autoteardown_was_imported(jobs, server):
+    result = job(jobs, server, "late_import", "sigterm", shim=False, PYTHONPATH=ROOT)
+    check(server, result, -15, "stopped")
+
+
+def test_a_task_the_user_closed_is_left_alone(jobs, server):
+    check(server, job(jobs, server, "finished", "sigterm"), -15, "completed")
+
+
+def test_a_tracker_that_ends_in_del(jobs, server):
+    check(server, job(jobs, server, "tracker", "sigterm"), -15, "stopped")
