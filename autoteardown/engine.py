@@ -62,6 +62,7 @@ class _State:
         self.signals_ready = False  # signals.install() ran in the main thread of this process
         self.hooked = hooked        # the exit hooks are registered (a fork child inherits them)
         self.exit_done = False      # the exit teardown has run
+        self.left_behind = False    # a step of a teardown was still running at its budget
 
 
 _state = _State()
@@ -234,6 +235,7 @@ def _run_bounded(kind: str, obj, func, budget: float) -> None:
     elapsed, name = time.monotonic() - started, _name(kind, obj)
     result = outcome[0] if outcome else "left behind"
     if not outcome:
+        _state.left_behind = True
         log.warning("%s: still running after %.1fs%s; left behind", name, elapsed, _where(runner))
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
         log.warning("%s: %s: %s", name, type(result).__name__, result)
@@ -348,16 +350,30 @@ def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
 
 
 def _exit_teardown() -> None:
-    from . import signals
+    from . import signals, threads
 
     _state.exit_done = True
     received = signals.received()
-    interrupted = _finalize((received[1] if received else time.monotonic()) + config.TIMEOUT)
+    deadline = (received[1] if received else time.monotonic()) + config.TIMEOUT
+    interrupted = _finalize(deadline)
     if interrupted is not None:
         log.debug("exit teardown cut short by %r", interrupted)
     received = signals.received()
     if received is not None:  # a SIGTERM before or during the teardown: die of it, as without us
         signals.end_process(received[0])
+    if _state.left_behind:
+        # What holds a step (a server that does not answer) holds the libraries' own exit hooks
+        # too: a second after the deadline the process ends as it was ending, whatever still runs.
+        threads.alarm(deadline + 1.0, _end_as_ending)
+
+
+def _end_as_ending() -> None:
+    import signal
+
+    from . import signals
+
+    code, exception, _ = exitstatus.ending()
+    signals.end_process(signal.SIGINT if isinstance(exception, KeyboardInterrupt) else None, code=code)
 
 
 # ---- signals (handed to signals.py) -----------------------------------------------
