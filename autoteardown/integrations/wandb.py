@@ -3,16 +3,23 @@
 Every run this process created is finished (`wandb.run` holds only the latest), then
 `wandb.teardown()` unregisters wandb's atexit hook and waits for wandb-core. Not `sys.excepthook`:
 wandb's calls a non-default one after printing, so tracebacks would print twice.
+
+A run whose finish is still waiting for the server when its budget is over (a server that
+stalls or is gone) has its data, exit record included, in its local run file: it is taken off
+wandb's active runs, so that `wandb.teardown()` does not finish it a second time, and one line
+says how to upload it later (`wandb sync <dir>`).
 """
 
 import os
 import sys
+import weakref
 
 from .. import exitstatus, log, registry, signals
 from ..patches import Patches
 from . import kind_of, recording
 
 KIND = kind_of(__name__)  # the private names below: tested on 0.22.0 and 0.31
+_finishing: "weakref.WeakSet" = weakref.WeakSet()  # runs whose finish() the teardown started, until it returns
 
 
 def patch(patches: Patches) -> None:
@@ -62,7 +69,9 @@ def finalize_one(run, timeout: float) -> "str | None":
         return None  # finished by the user, or wandb.teardown() closed it
     status = _core_status()
     if status is None:
+        _finishing.add(run)
         run.finish(exit_code=_exit_code())
+        _finishing.discard(run)
         return None
     run._console_stop()  # else wandb's console capture sends our warning to the dead socket
     _warn_core_ended(status)
@@ -76,6 +85,12 @@ def after_all(timeout: float) -> None:
     """wandb.teardown(): wandb-core writes out and stops; wandb's own exit hook is taken off."""
     if _setup() is None:
         return  # torn down already
+    for run in list(_finishing):  # left behind: the server did not answer
+        _finishing.discard(run)
+        _setup().remove_active_run(run)
+        directory = getattr(getattr(run, "_settings", None), "sync_dir", None) or "the run's folder"
+        log.warning("%s: not uploaded (W&B did not answer); it is complete on disk: upload it later with "
+                    "`wandb sync %s`", describe(run), directory)
     core_died = _core_status() is not None
     import wandb
 

@@ -1,0 +1,109 @@
+"""wandb online, against the tests' W&B stand-in (tests/wandb_server.py, a server in its own
+process): a server that stalls (accepts, never answers) or goes away once the script has logged
+its steps never holds the job at its end, and loses nothing: the job is gone within
+AUTOTEARDOWN_TIMEOUT + 3 s, the local run file holds every step and the exit record, no
+wandb-core is left, and one line names the run and how to upload it later. Without the shim
+(baselines, reported) the job is still running at that bound, or loses its steps. Not covered
+yet: a finish() the script itself calls while the server stalls (it waits as long as wandb does).
+"""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("wandb")
+
+from helpers import LOAD_MARGIN, alive, free_port, kill_tree, reported, wait_for_line, wait_gone  # noqa: E402
+from wandb_records import exit_codes, history_steps, records, run_files  # noqa: E402
+from wandb_server import wait_listening  # noqa: E402
+
+TIMEOUT = 5.0  # AUTOTEARDOWN_TIMEOUT here
+STEPS = list(range(20))  # what wandb_online_job.py logs
+ENDINGS = {"normal": (0, 0), "raise": (1, 1), "exit3": (3, 3), "sigterm": (-15, 143)}
+
+
+class Server:
+    def __init__(self, folder):
+        self.port, self.record, self.mode = free_port(), folder / "received.jsonl", folder / "mode"
+        self.mode.write_text("answer")
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "wandb_server.py"), str(self.port),
+                                      str(self.record), str(self.mode)], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        assert wait_listening(self.port), "the stand-in did not start"
+
+    def switch(self, mode):
+        self.mode.write_text(mode)
+        if mode == "gone":  # refused from now on
+            deadline = time.monotonic() + 10
+            while wait_listening(self.port, within=0.1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = Server(tmp_path)
+    try:
+        yield server
+    finally:
+        server.proc.kill()
+        server.proc.wait(10)
+
+
+def online_job(jobs, server, ending, failure, shim=True):
+    """Run the script until READY, make the server fail, let the script end; (Run or None if it
+    still runs at the bound, seconds from its end to the last of its processes, wandb-core's pid)."""
+    go = jobs.dir / "go"
+    env = {"WANDB_MODE": "online", "WANDB_BASE_URL": f"http://127.0.0.1:{server.port}", "WANDB_API_KEY": "a" * 40,
+           "GO_FILE": go, "AUTOTEARDOWN_TIMEOUT": TIMEOUT}
+    proc = jobs.start("wandb_online_job.py", ending, shim=shim, env=env)
+    _, before = wait_for_line(proc, "READY", timeout=120)
+    cores = reported(before, "CORE")
+    jobs.track(cores)
+    server.switch(failure)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM) if ending == "sigterm" else go.touch()
+    bound = began + TIMEOUT + 3 + LOAD_MARGIN
+    while proc.poll() is None and time.monotonic() < bound:
+        time.sleep(0.05)
+    ended = proc.poll() is not None
+    if not ended:
+        kill_tree(proc.pid)
+    left = wait_gone(cores, within=LOAD_MARGIN) if ended else alive(cores)
+    took = time.monotonic() - began  # the script and wandb-core gone
+    result = jobs.finish(proc, timeout=60, before=before)
+    return (result if ended else None), took, cores, left
+
+
+def local_run(jobs):
+    """(history steps, exit codes) of the one local run file."""
+    files = run_files(jobs.dir)
+    assert len(files) == 1, files
+    recs = records(files[0])
+    return history_steps(recs), exit_codes(recs)
+
+
+@pytest.mark.parametrize("failure", ["stall", "gone"])
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_failing_server_never_holds_the_job_and_loses_nothing(jobs, server, ending, failure):
+    status, code = ENDINGS[ending]
+    result, took, cores, left = online_job(jobs, server, ending, failure)
+    assert result is not None and result.returncode == status, (took, result)
+    assert took < TIMEOUT + 3, (took, result)
+    assert len(cores) == 1 and left == [], result
+    # A finish left waiting for the server: wandb-core writes the exit record again at its teardown.
+    steps, codes = local_run(jobs)
+    assert steps == STEPS and codes and set(codes) == {code}, (steps, codes, result)
+    assert "`wandb sync " in result.stderr, result
+
+
+@pytest.mark.baseline
+@pytest.mark.parametrize("failure", ["stall", "gone"])
+@pytest.mark.parametrize("ending", ["normal", "sigterm"])
+def test_without_the_shim_a_failing_server_holds_the_job_or_loses_it(jobs, server, ending, failure):
+    result, took, _, left = online_job(jobs, server, ending, failure, shim=False)
+    held = result is None or left != []
+    assert held or local_run(jobs)[0] != STEPS, (took, result)
