@@ -57,6 +57,12 @@ def read(folder):
 WHOLE = (["started", "failed"], STEPS)  # test_trackers.py's ending, exit3, as clearml alone leaves it
 
 
+def job_env(jobs):
+    """For test_trackers.py: a stand-in in jobs.dir (killed by pid with the jobs' sessions), and
+    the environment that points the client at it."""
+    return Server(jobs.dir, jobs).env()
+
+
 def check(server, result, status, state, traces=0):
     ended_quietly(result, status, traces)
     calls = server.calls()
