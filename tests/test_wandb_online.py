@@ -7,6 +7,7 @@ wandb-core is left, and one line names the run and how to upload it later. Witho
 yet: a finish() the script itself calls while the server stalls (it waits as long as wandb does).
 """
 
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +18,10 @@ import pytest
 
 pytest.importorskip("wandb")
 
-from helpers import LOAD_MARGIN, alive, free_port, kill_tree, reported, wait_for_line, wait_gone  # noqa: E402
+from helpers import LOAD_MARGIN, alive, free_port, kill_tree, python, reported, wait_for_line, wait_gone  # noqa: E402
 from wandb_records import exit_codes, history_steps, records, run_files  # noqa: E402
+from wandb_server import exit_codes as exit_codes_received  # noqa: E402
+from wandb_server import history_steps as history_steps_received  # noqa: E402
 from wandb_server import wait_listening  # noqa: E402
 
 TIMEOUT = 5.0  # AUTOTEARDOWN_TIMEOUT here
@@ -97,7 +100,20 @@ def test_a_failing_server_never_holds_the_job_and_loses_nothing(jobs, server, en
     # A finish left waiting for the server: wandb-core writes the exit record again at its teardown.
     steps, codes = local_run(jobs)
     assert steps == STEPS and codes and set(codes) == {code}, (steps, codes, result)
-    assert "`wandb sync " in result.stderr, result
+    assert "`wandb sync --include-online " in result.stderr, result
+
+
+def test_the_named_sync_uploads_every_step_once_the_server_answers(jobs, server):
+    result, _, _, _ = online_job(jobs, server, "normal", "stall")
+    command = re.search(r"`(wandb sync [^`]+)`", result.stderr).group(1).split()
+    run_id = re.search(r"^RUN: (\S+)", result.stdout, re.M).group(1)
+    server.switch("answer")
+    assert history_steps_received(server.record, run_id) == [], "nothing reached the server before"
+    synced = python([str(Path(sys.executable).parent / command[0]), *command[1:]], shim=False, timeout=120,
+                    env={"WANDB_BASE_URL": f"http://127.0.0.1:{server.port}", "WANDB_API_KEY": "a" * 40})
+    assert synced.returncode == 0, synced
+    assert history_steps_received(server.record, run_id) == STEPS, synced
+    assert exit_codes_received(server.record, run_id) == [0], synced
 
 
 @pytest.mark.baseline

@@ -7,7 +7,7 @@ wandb's calls a non-default one after printing, so tracebacks would print twice.
 A run whose finish is still waiting for the server when its budget is over (a server that
 stalls or is gone) has its data, exit record included, in its local run file: it is taken off
 wandb's active runs, so that `wandb.teardown()` does not finish it a second time, and one line
-says how to upload it later (`wandb sync <dir>`).
+says how to upload it later (`wandb sync --include-online <dir>`).
 """
 
 import os
@@ -90,7 +90,7 @@ def after_all(timeout: float) -> None:
         _setup().remove_active_run(run)
         directory = getattr(getattr(run, "_settings", None), "sync_dir", None) or "the run's folder"
         log.warning("%s: not uploaded (W&B did not answer); it is complete on disk: upload it later with "
-                    "`wandb sync %s`", describe(run), directory)
+                    "`wandb sync --include-online %s`", describe(run), directory)
     core_died = _core_status() is not None
     import wandb
 
