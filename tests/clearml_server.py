@@ -150,9 +150,11 @@ class Server:
             self.stop()
             raise RuntimeError(f"the ClearML stand-in did not start: {line}{self.proc.stdout.read()}")
 
-    def env(self):
+    def env(self, sdk=""):
+        """The client's environment: this server, and a config file in the folder (`sdk`: its
+        sdk section's settings, "development.report_use_subprocess: false")."""
         config = self.folder / "clearml.conf"
-        config.write_text("sdk { }\n")
+        config.write_text(f"sdk {{ {sdk} }}\n")
         return {"CLEARML_API_HOST": self.uri, "CLEARML_WEB_HOST": self.uri, "CLEARML_FILES_HOST": self.uri,
                 "CLEARML_API_ACCESS_KEY": "test", "CLEARML_API_SECRET_KEY": "test", "CLEARML_CONFIG_FILE": config,
                 "CLEARML_CACHE_DIR": self.folder / "clearml-cache", "CLEARML_NO_DEFAULT_SERVER": "1",

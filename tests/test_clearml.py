@@ -33,8 +33,8 @@ def server(jobs):
         stand_in.stop()
 
 
-def job(jobs, server, what, ending, **kwargs):
-    return tracker_job(jobs, "clearml", what, ending, **server.env(), **kwargs)
+def job(jobs, server, what, ending, sdk="", **kwargs):
+    return tracker_job(jobs, "clearml", what, ending, **server.env(sdk), **kwargs)
 
 
 def states(calls):
@@ -63,10 +63,10 @@ def job_env(jobs):
     return Server(jobs.dir, jobs).env()
 
 
-def check(server, result, status, state, traces=0):
+def check(server, result, status, state, traces=0, steps=STEPS):
     ended_quietly(result, status, traces)
     calls = server.calls()
-    assert (states(calls), scalars(calls)) == (["started", state], STEPS), result
+    assert (states(calls), scalars(calls)) == (["started", state], steps), result
     assert wait_session_gone(result.pid, LOAD_MARGIN) == [], result  # clearml's reporting subprocess too
 
 
@@ -109,3 +109,15 @@ def test_a_task_the_user_closed_is_left_alone(jobs, server):
 
 def test_a_tracker_that_ends_in_del(jobs, server):
     check(server, job(jobs, server, "tracker", "sigterm"), -15, "stopped")
+
+
+@pytest.mark.parametrize("ending", ["normal", "sigterm"])
+def test_with_a_reporting_thread(jobs, server, ending):
+    """`report_use_subprocess: false`: clearml reports from a thread of the job's own."""
+    status, traces = ENDINGS[ending]
+    result = job(jobs, server, "one", ending, sdk="development.report_use_subprocess: false")
+    check(server, result, status, STATES[ending], traces)
+
+
+def test_a_fork_child_leaves_the_task_to_its_parent(jobs, server):
+    check(server, job(jobs, server, "fork", "exit3"), 3, "failed", steps=STEPS + [s + len(STEPS) for s in STEPS])

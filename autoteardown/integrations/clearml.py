@@ -11,7 +11,8 @@ recorded we put SIGTERM's handler back to what it was before `Task.init` (the de
 ours), and our unwind ends the job. The teardown then ends the task from the runner thread
 through clearml's own exit path with the signal set, as its handler would: it marks the task
 stopped and stops its reporting subprocess, whose last write sends every scalar still queued
-(the flush first hands it what this process holds). The process then dies of the signal.
+(the flush first hands it what this process holds; with `report_use_subprocess: false`, it
+sends them). The process then dies of the signal.
 
 Private names (2.1): `ExitHooks._org_handlers` and `.signal`, `Task._Task__exit_hook`,
 `Task._Task__main_task` (a task made before we were imported), `Task._at_exit_called`.
@@ -64,8 +65,11 @@ def finalize_one(task, timeout: float) -> "str | None":
     hooks = getattr(type(task), "_Task__exit_hook", None)
     if received is None or hooks is None:
         return "left to clearml's exit hook"  # it runs next, with the true state
+    from clearml.utilities.process.mp import BackgroundMonitor
+
     hooks.signal = received[0]  # clearml's handler would have set it: the task ends "stopped"
-    task.flush(wait_for_uploads=False)
+    # A reporting thread sends at once; a subprocess, at its next write (5 s), when _at_exit stops it.
+    task.flush(wait_for_uploads=not BackgroundMonitor.is_subprocess_enabled(task=task))
     task._at_exit()
     return None
 
