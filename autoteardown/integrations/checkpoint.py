@@ -10,12 +10,13 @@ the process groups are destroyed (the save's last step gathers over the group). 
 cannot finish in its budget is left as it is, with one warning: its id, the bytes written,
 the time waited. A save that makes no progress for STALL_S is given up then: this process
 used next to no CPU (BUSY), nothing was written to its checkpoint folder, and no child
-process of its own runs (the process checkpointer's writer, being started or saving). Such a save is stuck (on a collective that the training loop's own
-collectives crossed, or on a broken group) and never completes. A save the user waited for
-costs nothing. Both checkpointers are covered:
-the thread one (the default) and the process one, whose writer, a spawn process, outlives
-its parent without the shim and finishes a save the parent left: a save left incomplete
-here is left to that writer (`signals.spare`), which ends itself once idle.
+process of its own runs (the process checkpointer's writer, being started or saving). Such
+a save is stuck (on a collective that the training loop's own collectives crossed, or on a
+broken group) and never completes. A save the user waited for costs nothing. Both
+checkpointers are covered: the thread one (the default) and the process one, whose writer,
+a spawn process, outlives its parent without the shim and finishes a save the parent left:
+a save left incomplete here is left to that writer (`signals.spare`), which ends itself once
+idle.
 """
 
 import os

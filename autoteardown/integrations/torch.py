@@ -96,7 +96,7 @@ def finalize_one(it, timeout: float) -> None:
             thread.join(grace)
         shared = it._workers_done_event
         shared.set()
-        it._workers_done_event = threading.Event()  # from here on this process never waits on the shared lock
+        it._workers_done_event = threading.Event()  # from here on this process waits on the shared lock only bounded
         it._workers_done_event.set()
         for worker_id, _ in enumerate(it._workers):
             if it._persistent_workers or it._workers_status[worker_id]:
