@@ -121,3 +121,24 @@ def test_with_a_reporting_thread(jobs, server, ending):
 
 def test_a_fork_child_leaves_the_task_to_its_parent(jobs, server):
     check(server, job(jobs, server, "fork", "exit3"), 3, "failed", steps=STEPS + [s + len(STEPS) for s in STEPS])
+
+
+@pytest.mark.needs_torch
+def test_a_task_in_a_ray_actor_ends_when_the_driver_ends(jobs, server):
+    """verl's TaskRunner owns the task. Ray SIGTERMs the actor: clearml's own handler (over Ray's
+    and ours) ends the task "stopped", and waits for its reporting subprocess's last write (up to
+    5 s): within a grace of 10 s every scalar arrives (Ray's 5 s default cuts it short)."""
+    pytest.importorskip("ray")
+    result = job(jobs, server, "ray", "normal", timeout=180, AUTOTEARDOWN_RAY_GRACE_S=10)
+    assert result.returncode == 0, result
+    calls = server.calls()
+    assert (states(calls), scalars(calls)) == (["started", "stopped"], STEPS), result
+
+
+@pytest.mark.needs_torch
+@pytest.mark.baseline
+def test_a_task_in_a_ray_actor_without_the_shim(jobs, server):
+    pytest.importorskip("ray")
+    result = job(jobs, server, "ray", "normal", shim=False, timeout=180)
+    calls = server.calls()
+    assert states(calls) == ["started"] and scalars(calls) == [], result  # "running", nothing reported
