@@ -16,9 +16,11 @@ Train's controller): actors it ends really end, and live ones tear down first.
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
   An actor that ends actors can itself be ended first, even with no Python hook (Ray kills an actor
   whose last handle is dropped at once), and its watch would die with it. So it hands each ending on
-  as it starts it, not at its teardown: on its node to a detached reaper process (ray_reaper.hand_off),
-  on another to a detached actor there (its own task there would die with it). The actors its
-  teardown ends (SIGTERM) are handed on the same way once sent.
+  as it starts it, not at its teardown: on its node to its one detached reaper process
+  (ray_reaper.hand_off), on another to a detached actor there (its own task there would die with it).
+  The actors its teardown ends (SIGTERM) are handed on the same way once sent.
+- An actor's key in GCS (ray_worker.ARMED) goes when it ends, removed by the process that ended it,
+  and a driver removes all of its job's keys at its end: a shared cluster outlives its jobs.
 """
 
 import atexit
