@@ -142,3 +142,13 @@ def test_a_task_in_a_ray_actor_without_the_shim(jobs, server):
     result = job(jobs, server, "ray", "normal", shim=False, timeout=180)
     calls = server.calls()
     assert states(calls) == ["started"] and scalars(calls) == [], result  # "running", nothing reported
+
+
+@pytest.mark.needs_torch
+def test_a_sigterm_after_clearml_took_it_from_our_handler(jobs, server):
+    """The DataLoader's workers armed the teardown before Task.init: clearml's handler replaced
+    ours, and ours goes back."""
+    pytest.importorskip("torchdata")
+    result = job(jobs, server, "loader", "sigterm")
+    check(server, result, -15, "stopped")
+    assert result.elapsed < TIMEOUT + LOAD_MARGIN, result
