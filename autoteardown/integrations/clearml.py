@@ -21,7 +21,7 @@ Private names (2.1): `ExitHooks._org_handlers` and `.signal`, `Task._Task__exit_
 import signal
 import threading
 
-from .. import registry, signals
+from .. import exitstatus, registry, signals
 from ..patches import Patches
 from . import kind_of, recording
 
@@ -61,7 +61,9 @@ def _give_sigterm_back() -> None:
 def finalize_one(task, timeout: float) -> "str | None":
     if getattr(task, "_at_exit_called", True):
         return None  # closed by the user, or ended by clearml already
-    received = signals.received()
+    # 143: a SIGTERM, also one that another handler took (a Ray driver's), as mlflow's integration reads it.
+    code = exitstatus.ending()[0]
+    received = signals.received() or ((code - 128,) if code == 128 + signal.SIGTERM else None)
     hooks = getattr(type(task), "_Task__exit_hook", None)
     if received is None or hooks is None:
         return "left to clearml's exit hook"  # it runs next, with the true state
