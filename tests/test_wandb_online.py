@@ -110,7 +110,7 @@ def test_the_named_sync_uploads_every_step_once_the_server_answers(jobs, server)
     server.switch("answer")
     assert history_steps_received(server.record, run_id) == [], "nothing reached the server before"
     synced = python([str(Path(sys.executable).parent / command[0]), *command[1:]], shim=False, timeout=120,
-                    env={"WANDB_BASE_URL": f"http://127.0.0.1:{server.port}", "WANDB_API_KEY": "a" * 40})
+                    cwd=jobs.dir, env={"WANDB_BASE_URL": f"http://127.0.0.1:{server.port}", "WANDB_API_KEY": "a" * 40})
     assert synced.returncode == 0, synced
     assert history_steps_received(server.record, run_id) == STEPS, synced
     assert exit_codes_received(server.record, run_id) == [0], synced
