@@ -224,6 +224,18 @@ def kill_tree(pid):
     kill_pids([p.pid for p in procs])
 
 
+def scancel(pid, everyone=True):
+    """SLURM's stop: SIGTERM to the process and every descendant at once, whatever their session
+    (or to the process alone); the pids of the job, as they were just before."""
+    job = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    for each in job if everyone else job[:1]:
+        try:
+            os.kill(each, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    return job
+
+
 def in_session(sid):
     """Pids of the live processes of session `sid` (each script started here leads its own):
     every descendant that did not start a session of its own, reported or not."""

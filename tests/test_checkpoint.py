@@ -18,6 +18,7 @@ from helpers import (
     base_env,
     free_port,
     noise,
+    scancel,
     wait_for_line,
     wait_for_ranks,
     wait_gone,
@@ -149,13 +150,10 @@ def test_two_ranks_under_torchrun_stopped_mid_save(jobs, shim, target):
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = wait_for_ranks(proc, timeout=180)
     time.sleep(0.3)
-    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    for pid in job if target == "scancel" else ():
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    if target == "torchrun":
+    if target == "scancel":
+        job = scancel(proc.pid)
+    else:
+        job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
         os.killpg(proc.pid, signal.SIGTERM)
     result = jobs.finish(proc, timeout=120, before="".join(seen))
     assert result.returncode != 0, result  # torchrun's own report of its stopped ranks
@@ -189,13 +187,8 @@ def test_a_save_stuck_on_a_collective_is_given_up_without_its_budget(jobs, shim)
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = wait_for_ranks(proc, timeout=180)
     time.sleep(1.5)  # the save is stuck by then
-    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
     sent = time.monotonic()
-    for pid in job:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    job = scancel(proc.pid)
     assert wait_gone(job, within=budget + LOAD_MARGIN) == []
     took = time.monotonic() - sent
     result = jobs.finish(proc, timeout=60, before="".join(seen))

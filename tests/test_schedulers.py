@@ -31,6 +31,7 @@ from helpers import (
     base_env,
     free_port,
     in_session,
+    scancel,
     tracebacks,
     wait_for_line,
     wait_for_ranks,
@@ -60,14 +61,9 @@ def launch(jobs, launcher, shim=True, batch=False):
 def stop(jobs, proc, seen, everyone):
     """SIGTERM to every process of the job at once (SLURM's stop), or to the first alone; (Run,
     seconds from the signal until every process of the job is gone, what is left then)."""
-    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    jobs.track(job)
     sent = time.monotonic()
-    for pid in job if everyone else job[:1]:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    job = scancel(proc.pid, everyone)
+    jobs.track(job)
     result = jobs.finish(proc, timeout=60 + TIMEOUT, before="".join(seen))
     left = wait_gone(job, within=TIMEOUT + 3 - (time.monotonic() - sent)) + in_session(proc.pid)
     return result, time.monotonic() - sent, left
@@ -193,14 +189,9 @@ def test_a_local_ray_with_every_process_signalled_is_measured(jobs, shim):
         before += line
         if not line or re.search(r"STEP: 10\b", line):
             break
-    job = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    jobs.track(job)
     sent = time.monotonic()
-    for pid in job:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    job = scancel(proc.pid)
+    jobs.track(job)
     result = jobs.finish(proc, timeout=60 + TIMEOUT, before=before)
     took = time.monotonic() - sent
     seen = [int(n) for n in re.findall(r"STEP: (\d+)", result.stdout)]
