@@ -8,11 +8,13 @@ The teardown waits for each save still in flight (its upload future), within the
 budget of AUTOTEARDOWN_TIMEOUT, after the DataLoader workers (which end at once) and before
 the process groups are destroyed (the save's last step gathers over the group). A save that
 cannot finish in its budget is left as it is, with one warning: its id, the bytes written,
-the time waited. A save that makes no progress for STALL_S is given up then: this process
-used next to no CPU (BUSY), nothing was written to its checkpoint folder, and no child
-process of its own runs (the process checkpointer's writer, being started or saving). Such
-a save is stuck (on a collective that the training loop's own collectives crossed, or on a
-broken group) and never completes. A save the user waited for costs nothing. Both
+the time waited. A save stuck on a collective is given up early: a thread of this process
+waits in a torch.distributed call (a collective completes only when every rank makes the
+matching one: the training loop's own collectives can cross the save's, or a rank is gone),
+and for STALL_S nothing progressed: next to no CPU used (BUSY), nothing written to its
+checkpoint folder, no child process of its own running (the process checkpointer's writer).
+Such a save never completes. A save that is only slow (storage that blocks before it writes)
+waits in no collective: its budget alone bounds it. A save the user waited for costs nothing. Both
 checkpointers are covered: the thread one (the default) and the process one, whose writer,
 a spawn process, outlives its parent without the shim and finishes a save the parent left:
 a save left incomplete here is left to that writer (`signals.spare`), which ends itself once
@@ -104,7 +106,17 @@ class _Progress:
         if cpu - self.cpu > BUSY * (now - self.seen) or written != self.written or _children():
             self.at = now
         self.cpu, self.written, self.seen = cpu, written, now
-        return now - self.at >= STALL_S
+        return now - self.at >= STALL_S and _in_collective()
+
+
+def _in_collective() -> bool:
+    """Does a thread of this process wait inside a torch.distributed call?"""
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":
+                return True
+            frame = frame.f_back
+    return False
 
 
 def _children() -> bool:
