@@ -29,6 +29,12 @@ def job(jobs, library, module, **env):
 
 
 @pytest.mark.parametrize("library", BELOW)
+def test_is_patched_by_default(jobs, library):  # the PATCHED line of the tests below says True too
+    module = tracker(library)
+    assert "PATCHED: True" in job(jobs, library, module).stdout
+
+
+@pytest.mark.parametrize("library", BELOW)
 def test_can_be_disabled(jobs, library):
     module = tracker(library)
     result = job(jobs, library, module, AUTOTEARDOWN_DISABLED_INTEGRATIONS=library)

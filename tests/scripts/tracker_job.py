@@ -23,6 +23,7 @@ import sys
 import time
 
 import endings  # tests/scripts is sys.path[0]
+import wrapt
 
 STEPS = 8
 library, what, ending = sys.argv[1:4]
@@ -137,7 +138,7 @@ owner = {"swanlab": "swanlab.sdk.internal.run:Run", "trackio": "trackio.run:Run"
          "clearml": "clearml.task:Task:init"}[library].split(":")
 print("AUTOTEARDOWN:", getattr(sys.modules.get("autoteardown"), "__file__", None), flush=True)
 init = vars(getattr(sys.modules[owner[0]], owner[1]))[owner[2] if owner[2:] else "__init__"]  # aim's: functools.wraps
-print("PATCHED:", type(init).__module__.startswith("wrapt"), flush=True)
+print("PATCHED:", isinstance(init, wrapt.FunctionWrapper), flush=True)  # our wrapper (aim has its own functools one)
 log(run, range(STEPS))
 if what == "finished":
     end(run)
