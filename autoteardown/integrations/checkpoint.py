@@ -26,6 +26,10 @@ import sys
 import time
 import weakref
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+
 from .. import log, registry
 from ..patches import Patches
 from . import kind_of
@@ -111,7 +115,8 @@ class _Progress:
 
 def _in_collective() -> bool:
     """Does a thread of this process wait inside a torch.distributed call?"""
-    for frame in sys._current_frames().values():
+    for top in sys._current_frames().values():
+        frame: "FrameType | None" = top
         while frame is not None:
             if frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":
                 return True
