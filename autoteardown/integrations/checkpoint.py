@@ -26,13 +26,13 @@ import sys
 import time
 import weakref
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from types import FrameType
-
 from .. import log, registry
 from ..patches import Patches
 from . import kind_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
 
 KIND = kind_of(__name__)
 WARN_S = 0.2
