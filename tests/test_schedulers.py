@@ -42,7 +42,13 @@ pytest.importorskip("wandb")
 pytestmark = pytest.mark.needs_torch
 TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT here
 RANKS = {"python": 1, "torchrun": 2}
-TORCHRUNS = {"python": 0, "torchrun": 1}  # torchrun's own traceback of the signal it got (without the shim too)
+# torchrun's own tracebacks (the signal it got, or its stopped ranks, as its timing decides: not ours to count)
+TORCHRUN_ERROR = re.compile(r"^torch\.distributed\.elastic\.\S+(?:Exception|Error):", re.M)
+
+
+def ours(stderr):
+    """The tracebacks in stderr that are not torchrun's own."""
+    return tracebacks(stderr) - len(TORCHRUN_ERROR.findall(stderr))
 
 
 def launch(jobs, launcher, shim=True, batch=False):
@@ -97,7 +103,7 @@ def test_every_process_signalled_at_once(jobs, launcher):
     print(f"{launcher}, every process signalled: runs {kept(jobs, result)}, gone in {took:.2f}s")
     assert left == [] and took < TIMEOUT + 3, (took, left, result)
     assert "killed by signal" not in result.stderr, result.stderr
-    assert tracebacks(result.stderr) == TORCHRUNS[launcher], result.stderr
+    assert ours(result.stderr) == 0, result.stderr
     # The script dies of the signal; torchrun reports its stopped ranks its own way (1 here, with
     # or without the shim).
     assert result.returncode == -signal.SIGTERM if launcher == "python" else result.returncode != 0, result
@@ -122,7 +128,7 @@ def test_the_slurm_recipe_keeps_every_run(jobs, launcher):
         steps == logged and codes == [143] for _, steps, logged, codes in runs), (runs, result)
     assert left == [] and took < TIMEOUT + 3, (took, left, result)
     assert "killed by signal" not in result.stderr, result.stderr
-    assert tracebacks(result.stderr) == TORCHRUNS[launcher], result.stderr
+    assert ours(result.stderr) == 0, result.stderr
     assert result.returncode == 128 + signal.SIGTERM if launcher == "python" else result.returncode != 0, result
 
 
