@@ -2,6 +2,7 @@
 shim, ends with the same status and results, in no more time than its bounds allow, and leaves
 nothing behind."""
 
+import signal
 import threading
 import time
 import uuid
@@ -9,7 +10,7 @@ import uuid
 import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, python, reported, wait_gone, wait_until_empty
+from helpers import LOAD_MARGIN, python, reported, wait_for_line, wait_gone, wait_until_empty
 
 pytest.importorskip("ray")
 
@@ -59,16 +60,24 @@ def test_an_actor_ending_actors_leaves_one_reaper_that_ends_their_processes(jobs
     assert wait_until_empty(lambda: reapers(run_id), within=LOAD_MARGIN) == [], result
 
 
-def test_a_jobs_actors_leave_no_key_in_gcs(jobs):
+@pytest.mark.parametrize("ending", ["end", "stopped"])
+def test_a_jobs_actors_leave_no_key_in_gcs(jobs, ending):
     # A shared cluster outlives its jobs: an actor's key (ray_worker.ARMED) goes when the actor
-    # ends (ray.kill, __ray_terminate__), and the rest of the job's at the driver's end.
+    # ends (ray.kill, __ray_terminate__), and the rest of the job's at the driver's end, a stopped
+    # driver's (SIGTERM) too.
     from test_ray_cluster import RAY, ray_start
 
     with ray_start(RAY) as address:
         env = {"RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled",
                "RAY_RUNTIME_ENV_HOOK": "autoteardown.ray_runtime_env_hook"}  # the cluster's workers get the shim
-        result = jobs.run("ray_nw_keys.py", env=env, timeout=180)
-        assert result.returncode == 0, result
+        if ending == "end":
+            result = jobs.run("ray_nw_keys.py", env=env, timeout=180)
+            assert result.returncode == 0, result
+        else:
+            proc = jobs.start("ray_nw_keys.py", "stopped", env=env)
+            _, before = wait_for_line(proc, "READY", timeout=180)
+            proc.send_signal(signal.SIGTERM)
+            result = jobs.finish(proc, timeout=120, before=before)
         assert reported(result.stdout, "KEYS_MADE") == [3], result  # each actor said it started a process
         assert reported(result.stdout, "ENDED_LEFT") == [0], result  # gone as they ended, while the driver runs
         listed = python("import ray; ray.init(); "

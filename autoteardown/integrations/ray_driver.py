@@ -51,6 +51,7 @@ _gcs_silent = False   # in an actor: a hand-off's lookup outlasted HAND_ON_WAIT_
 _unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
 _unarm_lock = threading.Lock()
 _exit_hooked = False    # in a driver: unarm_job is registered for its exit
+STOPPED_ASK_S = 0.5     # a stopped driver's one request to remove its job's keys
 
 
 def patch(patches: Patches) -> None:
@@ -237,15 +238,16 @@ def _unarm_queued():
 def unarm_job():
     """A driver's end (its exit, `ray.shutdown()`): every key of its job out of GCS in one request: an
     ended actor's that its runner did not get to, one an actor left when it ended with no hook, those of
-    the actors an actor created. Not in a stopped job (its GCS is going away: ask it nothing)."""
+    the actors an actor created. A stopped job asks briefly (STOPPED_ASK_S): a local Ray's GCS is going
+    away with it, a shared cluster's stays and would keep the keys."""
     import ray
 
     try:
-        if ray_worker.stopped or ray_worker.forked or ray_worker.in_actor() or not ray.is_initialized():
+        if ray_worker.forked or ray_worker.in_actor() or not ray.is_initialized():
             return  # a fork child inherits this hook, not the driver's Ray clients (ray_worker)
         job = ray.get_runtime_context().get_job_id()
-        ray._private.worker.global_worker.gcs_client.internal_kv_del(f"{job}:".encode(), True, ray_worker.ARMED,
-                                                                     timeout=1.0)
+        ray._private.worker.global_worker.gcs_client.internal_kv_del(
+            f"{job}:".encode(), True, ray_worker.ARMED, timeout=STOPPED_ASK_S if ray_worker.stopped else 1.0)
     except Exception:
         log.debug_exception("could not remove this job's keys from GCS")
 

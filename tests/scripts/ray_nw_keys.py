@@ -1,10 +1,11 @@
 """On the cluster at RAY_ADDRESS: three actors each start a process (so each says so in GCS,
 ray_worker.ARMED); the driver ends one with ray.kill, one with __ray_terminate__, and leaves the
-third to its exit. Prints KEYS_MADE: the namespace's key count once the three started, ENDED_LEFT:
+third to its exit (or, with `stopped`, prints READY and waits for the test's SIGTERM). Prints KEYS_MADE: the namespace's key count once the three started, ENDED_LEFT:
 how many of the ended actors' keys are left 5 s (at most) later, PIDS: the actors'."""
 
 import os
 import subprocess
+import sys
 import time
 
 import ray
@@ -34,3 +35,6 @@ until = time.monotonic() + 5
 while any(actor_id.encode() in key for key in keys() for actor_id in ended) and time.monotonic() < until:
     time.sleep(0.1)
 print(f"ENDED_LEFT: {sum(actor_id.encode() in key for key in keys() for actor_id in ended)}", flush=True)
+if sys.argv[1:] == ["stopped"]:
+    print("READY", flush=True)
+    time.sleep(600)
