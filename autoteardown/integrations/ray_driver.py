@@ -9,8 +9,8 @@ Train's controller): actors it ends really end, and live ones tear down first.
   kills its own processes (the head node's SIGTERM handler), each live, non-detached actor it
   created that recorded something (ray_worker._announce) or has processes of its own is sent
   SIGTERM, which ray_worker.py turns into its teardown; the others are left to Ray. A stopped job's
-  GCS is going away: its driver asks GCS nothing then (every actor is sent SIGTERM at once), and the
-  pids were looked up soon after the actors started (`_learn`).
+  GCS may be going away: its driver asks GCS nothing before the actors are sent SIGTERM, all at once
+  (the pids were looked up soon after the actors started: `_learn`), and removes its keys after.
 - Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
