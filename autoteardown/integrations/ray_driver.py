@@ -51,6 +51,7 @@ _gcs_silent = False   # in an actor: a hand-off's lookup outlasted HAND_ON_WAIT_
 _unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
 _unarm_lock = threading.Lock()
 _exit_hooked = False    # in a driver: unarm_job is registered for its exit
+REGISTERED_WAIT_S = 1.0  # a hand-off to a detached actor: until GCS has taken its creation
 STOPPED_ASK_S = 0.5     # a stopped driver's one request to remove its job's keys
 
 
@@ -325,10 +326,22 @@ def _hand_off(ending, deadline):
 
 
 def _hand_on_elsewhere(actor):
-    """Its ending to a detached actor on its node; done?"""
+    """Its ending to a detached actor on its node; done once GCS has taken that actor's creation.
+    GCS drops a detached actor whose owner died before the creation reached it (its registration
+    comes first, the creation after `.remote()` returns), and this actor may be killed as soon as
+    the call that ended the other returns: so the call waits for it (a GCS request or two, ms),
+    REGISTERED_WAIT_S at most. Ray restarts one whose worker died while it was created
+    (ray_reaper.detached_kill_on)."""
+    import ray._private.state
+
     try:
-        detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after, actor.requested_at + config.RAY_GRACE,
-                                               actor.signum, actor.actor_id, config.RAY_GRACE)
+        reaper = detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after,
+                                                        actor.requested_at + config.RAY_GRACE, actor.signum,
+                                                        actor.actor_id, config.RAY_GRACE)
+        until, reaper_id = time.monotonic() + REGISTERED_WAIT_S, reaper._ray_actor_id.hex()
+        while (ray._private.state.actors(reaper_id) or {}).get("State") in (None, "DEPENDENCIES_UNREADY") \
+                and time.monotonic() < until:
+            time.sleep(0.002)
         return True
     except Exception:
         log.debug_exception("could not hand on the ending of actor %s", actor.actor_id[:8])

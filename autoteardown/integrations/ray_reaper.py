@@ -231,11 +231,13 @@ def forget_reaper():
 def detached_kill_on(node_id):
     """`kill_when_due` in a detached zero-CPU actor pinned to that node, which then ends itself: what
     an actor hands on at its own end for another node. A task there would be the actor's, and Ray
-    kills a task with its owner; a detached actor has none."""
+    kills a task with its owner; a detached actor has none. Restarts: a raylet SIGTERMs a worker
+    leased for an actor whose owner died before the worker took it, detached or not (the ending
+    is then done by the restarted one; its own end is `ray.kill`, which never restarts)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    reaper = ray.remote(num_cpus=0, max_restarts=0)(_reaper_class())
+    reaper = ray.remote(num_cpus=0, max_restarts=3)(_reaper_class())
     return reaper.options(lifetime="detached", scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
 
 
