@@ -170,6 +170,17 @@ def wait_for_line(proc, prefix, timeout=60):
     raise AssertionError(f"no {prefix!r} line; got {''.join(lines)!r}; stderr {proc.stderr.read()!r}")
 
 
+def read_until(proc, pattern, timeout=180):
+    """Read stdout until a line matching `pattern` (re.search), its end or `timeout`: the text read."""
+    text, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        text += line
+        if not line or re.search(pattern, line):
+            break
+    return text
+
+
 def wait_for_ranks(proc, ranks=2, timeout=180):
     """Read a torchrun job's stdout until each rank has printed "READY <rank>"; the lines read."""
     ready, seen, deadline = set(), [], time.monotonic() + timeout

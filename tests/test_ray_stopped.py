@@ -11,11 +11,10 @@ import json
 import os
 import re
 import signal
-import time
 
 import pytest
 
-from helpers import LOAD_MARGIN, alive, in_session, noise, wait_until_empty
+from helpers import LOAD_MARGIN, alive, in_session, noise, read_until, wait_until_empty
 
 pytestmark = pytest.mark.needs_torch
 SIGTERM_CODE = 128 + signal.SIGTERM
@@ -27,12 +26,7 @@ def stopped_job(jobs, group, shim=True, after_step=10, tracker="wandb", env=None
     `after_step`; the Run, the steps the driver saw, and what of the job is still running
     5 s (plus the load margin) after the driver ended."""
     proc = jobs.start("ray_stopped_job.py", 40, 0.2, tracker, shim=shim, env=env)
-    before, deadline = "", time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        before += line
-        if not line or re.search(rf"STEP: {after_step}\b", line):
-            break
+    before = read_until(proc, rf"STEP: {after_step}\b")
     (os.killpg if group else os.kill)(proc.pid, signal.SIGTERM)
     result = jobs.finish(proc, timeout=120, before=before)
     seen = [int(n) for n in re.findall(r"STEP: (\d+)", result.stdout)]

@@ -31,6 +31,7 @@ from helpers import (
     base_env,
     free_port,
     in_session,
+    read_until,
     scancel,
     tracebacks,
     wait_for_line,
@@ -190,12 +191,7 @@ def test_a_local_ray_with_every_process_signalled_is_measured(jobs, shim):
     deadline; the actor's own processes are gone; Ray's agents, which ignore SIGTERM, are left to
     SLURM's SIGKILL with or without the shim and are killed here by pid."""
     proc = jobs.start("ray_stopped_job.py", 40, 0.2, "wandb", shim=shim, env={"AUTOTEARDOWN_TIMEOUT": TIMEOUT})
-    before, deadline = "", time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        before += line
-        if not line or re.search(r"STEP: 10\b", line):
-            break
+    before = read_until(proc, r"STEP: 10\b")
     sent = time.monotonic()
     job = scancel(proc.pid)
     jobs.track(job)
