@@ -29,6 +29,16 @@ def register(module_name: str, hook: str) -> None:
         _call(hook, module)
 
 
+def unregister(module_name: str, hook: str) -> None:
+    """`hook` is no longer called when `module_name` is imported."""
+    with _lock:
+        hooks = _hooks.get(module_name, [])
+        if hook in hooks:
+            hooks.remove(hook)
+        if not hooks:
+            _hooks.pop(module_name, None)
+
+
 def clear() -> None:
     with _lock:
         _hooks.clear()

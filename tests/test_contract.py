@@ -5,9 +5,11 @@ Each case runs in a fresh interpreter: the library imported before or after auto
 then the gate's instrument() twice, uninstrument(), instrument() again, autoteardown reloaded
 and installed again, autoteardown.uninstall(). After each step every attribute the integration
 wrapped is wrapped exactly once (never a wrapper of our wrapper), and after uninstrument()/uninstall()
-every one of them is the very original object again. What was wrapped is found by
-scanning the library's modules and classes for wrappers whose wrapper function lives in
-the integration's module, so nothing it wraps can escape the check.
+every one of them is the very original object again and no hook of its `later` triggers is left.
+The modules imported are its triggers and its `later` ones (Ray Tune's, Ray Train's). What
+was wrapped is found by scanning the library's modules and classes for wrappers whose wrapper
+function lives in the integration's module, so nothing it wraps can escape the check. A `later`
+trigger imported after uninstrument() is wrapped by nothing (test_a_later_trigger_...).
 """
 
 import importlib.util
@@ -34,7 +36,7 @@ EXPECTED = {
     "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init", "wandb.sdk.wandb_run.Run.__exit__"},
     "mlflow": {"mlflow.tracking.fluent.ActiveRun.__exit__"},
     "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
-            "ray.shutdown"},
+            "ray.shutdown", "ray.tune.callback.CallbackList.on_experiment_end"},
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
     "trackio": {"trackio.run.Run.__init__"},
     "comet": {"comet_ml.experiment.CometExperiment.__init__"},
@@ -116,6 +118,12 @@ def same(a, b):
         a[k][2] is b[k][2] for k in a)
 
 
+def later_hooks():
+    from autoteardown import importhook
+
+    return sorted(m for m in integrations.TABLE[NAME].later if importhook._hooks.get(m))
+
+
 def restored(originals, step):
     assert scan() == {}, f"{step}: still wrapped: {sorted(scan())}"
     for key, (owner, attr, original) in originals.items():
@@ -137,8 +145,11 @@ assert first, "nothing wrapped"
 integrations.instrument(NAME)
 integrations.instrument(NAME)
 assert same(wrapped_once(), first), "instrument() twice changed what is wrapped"
+LATER = sorted(integrations.TABLE[NAME].later)
+assert later_hooks() == LATER, f"the later triggers' hooks: {later_hooks()}"
 integrations.uninstrument(NAME)
 restored(first, "uninstrument()")
+assert later_hooks() == [], f"uninstrument() left hooks: {later_hooks()}"
 integrations.instrument(NAME)
 assert same(wrapped_once(), first), "instrument() after uninstrument() differs"
 importlib.reload(autoteardown)
@@ -146,14 +157,16 @@ autoteardown.install()
 assert same(wrapped_once(), first), "reload and install() changed what is wrapped"
 autoteardown.uninstall()
 restored(first, "uninstall()")
+assert later_hooks() == [], f"uninstall() left hooks: {later_hooks()}"
 print("WRAPPED:", json.dumps(sorted(first)))
 print("IMPORTED:", json.dumps(MODULES))
 """
 
 
 def modules_of(name):
-    """The integration's trigger modules whose top-level package is installed."""
-    return [m for m in TABLE[name].triggers if importlib.util.find_spec(m.split(".")[0]) is not None]
+    """The integration's trigger modules, then its `later` ones, whose top-level package is installed."""
+    return [m for m in (*TABLE[name].triggers, *TABLE[name].later)
+            if importlib.util.find_spec(m.split(".")[0]) is not None]
 
 
 def cases():
@@ -180,3 +193,46 @@ def test_patch_contract(name, order):
         m.split(".")[0] + ".") for m in imported)}
     assert expected <= wrapped, (sorted(expected - wrapped), sorted(wrapped))
     assert "autoteardown" not in result.stderr, result.stderr  # no warning, no failure logged
+
+
+LATER_AFTER_UNINSTRUMENT = r"""
+import importlib, json, sys
+import wrapt
+import autoteardown
+from autoteardown import importhook, integrations
+
+NAME, TRIGGERS, LATER = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+WRAPPERS = wrapt.FunctionWrapper.__mro__[1]
+for module in TRIGGERS:
+    importlib.import_module(module)
+integrations.uninstrument(NAME)
+assert not any(importhook._hooks.get(m) for m in LATER), importhook._hooks
+imported = []
+for module in LATER:
+    try:
+        imported.append(importlib.import_module(module))
+    except ImportError:
+        pass
+members = [(m.__name__, k, v) for m in imported for k, v in vars(m).items()]
+members += [(f"{m.__name__}.{k}", a, w) for m in imported for k, v in vars(m).items() if isinstance(v, type)
+            for a, w in vars(v).items()]
+OURS = "autoteardown.integrations." + NAME  # ray_tune.py etc. count as ray's (another's, wandb's, not)
+owner = lambda value: getattr(getattr(value, "_self_wrapper", None), "__module__", "") or ""  # noqa: E731
+ours = [f"{where}.{attr}" for where, attr, value in members if issubclass(type(value), WRAPPERS)
+        and (owner(value) == OURS or owner(value).startswith(OURS + "_"))]
+assert ours == [], ours
+autoteardown.uninstall()
+print("LATER:", len(imported))
+"""
+
+
+@pytest.mark.parametrize("name", [name for name in TABLE if TABLE[name].later])
+def test_a_later_trigger_imported_after_uninstrument_is_wrapped_by_nothing(name):
+    later = [m for m in TABLE[name].later if m.split(".")[0] in {t.split(".")[0] for t in modules_of(name)}]
+    if not later:
+        pytest.skip(f"none of {TABLE[name].triggers} is installed")
+    result = subprocess.run([sys.executable, "-c", LATER_AFTER_UNINSTRUMENT, name, json.dumps(TABLE[name].triggers),
+                             json.dumps(later)], env=base_env(False, PYTHONPATH=ROOT), capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "LATER:" in result.stdout and "autoteardown" not in result.stderr, result

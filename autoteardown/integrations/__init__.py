@@ -7,10 +7,14 @@ distributions it supports. `instrument(name)` is the gate (as OpenTelemetry's
 registration with the engine, and the module's `patch(patches)`; `uninstrument(name)`
 puts back what it wrapped. A module `integrations/<name>.py` says only what it wraps and
 how to finalize: it keeps the `Integration` protocol below. It is imported only when one
-of its trigger modules is; no two integrations share a trigger.
+of its trigger modules is; no two integrations share a trigger. Modules an integration
+patches only if they are imported after it (Ray Train's, Ray Tune's) are its `later`
+triggers: the gate registers their hooks with the rest and removes them in `uninstrument`,
+and hands each such patch the integration's `Patches` (`patches_of`), so that nothing an
+integration wraps is out of the gate's reach.
 """
 
-from .. import log
+from .. import importhook, log
 from ..patches import Patches
 
 TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
@@ -38,14 +42,16 @@ class Requirement:
 
 
 class Integration:
-    """One row of TABLE."""
+    """One row of TABLE. `later`: module -> "submodule:function" of this package, called with
+    that module and the integration's Patches when it is imported after the integration is."""
 
-    __slots__ = ("kind", "order", "triggers", "looks_after", "requires")
+    __slots__ = ("kind", "order", "triggers", "looks_after", "requires", "later")
 
     def __init__(self, kind: str, order: int, triggers: "tuple[str, ...]", looks_after: str,
-                 *requires: Requirement) -> None:
+                 *requires: Requirement, later: "dict[str, str] | None" = None) -> None:
         self.kind, self.order, self.triggers, self.looks_after, self.requires = (
             kind, order, triggers, looks_after, requires)
+        self.later = later or {}
 
 
 # The order is the teardown's: workers before the groups they may use, the groups and the
@@ -62,7 +68,11 @@ TABLE = {
     "tensorboard": Integration("tensorboard", 25, ("torch.utils.tensorboard", "tensorboardX"), "SummaryWriters",
                                Requirement("tensorboard", "2.0"), Requirement("tensorboardX", "2.0")),
     "wandb": Integration("wandb", 30, ("wandb",), "wandb runs", Requirement("wandb", "0.22", "0.32")),
-    "ray": Integration("ray", 20, ("ray",), "Ray actors", Requirement("ray", "2.40", "2.61")),
+    "ray": Integration("ray", 20, ("ray",), "Ray actors", Requirement("ray", "2.40", "2.61"), later={
+        "ray.train.v2._internal.execution.worker_group.worker": "ray_worker:patch_train_worker",
+        "ray.train.v2._internal.execution.worker_group.thread_runner": "ray_worker:patch_train_runner",
+        "ray.tune.callback": "ray_tune:patch_callbacks",
+        "ray.air.integrations.wandb": "ray_tune:patch_wandb_logger"}),
     # mlflow-skinny provides the same `mlflow` package, without the server.
     "mlflow": Integration("mlflow", 28, ("mlflow",), "mlflow runs", Requirement("mlflow", "2.10", "4"),
                           Requirement("mlflow-skinny", "2.10", "4")),
@@ -101,15 +111,40 @@ def instrument(name: str, trigger: "str | None" = None) -> bool:
                              getattr(module, "on_sigterm", None))
     module.patch(_patches.setdefault(name, Patches()))
     _triggered[name] = (done or frozenset()) | frozenset([trigger] if trigger else ())
+    for later in integration.later:
+        importhook.register(later, _LATER_HOOK)
     return True
 
 
 def uninstrument(name: str) -> None:
-    """Put back what integration `name` wrapped (by identity: only what is still ours)."""
+    """Put back what integration `name` wrapped (by identity: only what is still ours), and
+    remove its `later` hooks."""
     _triggered.pop(name, None)
+    for later in TABLE[name].later:
+        importhook.unregister(later, _LATER_HOOK)
     patches = _patches.pop(name, None)
     if patches is not None:
         patches.restore()
+
+
+def patches_of(name: str) -> "Patches | None":
+    """The Patches of integration `name` while it is instrumented (a wrap made at run time goes
+    there, so that uninstrument puts it back), else None."""
+    return _patches.get(name)
+
+
+def on_later_import(module) -> None:
+    """The post-import hook of every `later` trigger: its function, with the integration's Patches."""
+    import importlib
+
+    for name, integration in TABLE.items():
+        target, patches = integration.later.get(module.__name__), _patches.get(name)
+        if target is not None and patches is not None:
+            submodule, _, function = target.partition(":")
+            getattr(importlib.import_module(f"{__name__}.{submodule}"), function)(module, patches)
+
+
+_LATER_HOOK = f"{__name__}:on_later_import"
 
 
 def on_import(module) -> None:

@@ -10,7 +10,7 @@ CallbackList.on_experiment_end and its logger callbacks' own (ray_tune.py).
 """
 
 from ..patches import Patches
-from . import ray_driver, ray_tune, ray_worker
+from . import ray_driver, ray_worker
 
 # Importable here: autoteardown.ray_runtime_env_hook delegates to it, users' configurations name it.
 from .ray_cluster import runtime_env_hook, setup_hook  # noqa: F401
@@ -21,7 +21,6 @@ finalize_one, after_all = ray_driver.collect, ray_driver.finalize_collected
 def patch(patches: Patches) -> None:
     ray_driver.patch(patches)
     ray_worker.patch(patches)
-    ray_tune.patch(patches)
 
 
 def describe(obj) -> "str | None":

@@ -27,29 +27,15 @@ from .. import config, log
 from ..patches import Patches
 from . import mlflow
 
-CALLBACKS = "ray.tune.callback"
-WANDB_LOGGER = "ray.air.integrations.wandb"
-_patches: "Patches | None" = None  # the ray integration's
+
+# The ray integration's `later` triggers (integrations.TABLE): called when Tune's modules are imported.
+def patch_callbacks(module, patches: Patches) -> None:
+    patches.wrap(module.CallbackList, "on_experiment_end", _ending_open_runs_first)
 
 
-def patch(patches: Patches) -> None:
-    from .. import importhook
-
-    global _patches
-    _patches = patches
-    importhook.register(CALLBACKS, "autoteardown.integrations.ray_tune:patch_callbacks")
+def patch_wandb_logger(module, patches: Patches) -> None:
     if "wandb" not in config.DISABLED_INTEGRATIONS:
-        importhook.register(WANDB_LOGGER, "autoteardown.integrations.ray_tune:patch_wandb_logger")
-
-
-def patch_callbacks(module) -> None:
-    if _patches is not None:
-        _patches.wrap(module.CallbackList, "on_experiment_end", _ending_open_runs_first)
-
-
-def patch_wandb_logger(module) -> None:
-    if _patches is not None:
-        _patches.wrap(module.WandbLoggerCallback, "_cleanup_logging_actor", _written_out_before_kill)
+        patches.wrap(module.WandbLoggerCallback, "_cleanup_logging_actor", _written_out_before_kill)
 
 
 def _ending_open_runs_first(wrapped, instance, args, kwargs):

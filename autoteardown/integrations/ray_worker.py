@@ -25,17 +25,14 @@ import sys
 import threading
 import time
 
-from .. import config, engine, forksafe, importhook, log, registry, signals, threads
+from .. import config, engine, forksafe, log, registry, signals, threads
 from ..patches import Patches
-from . import ray_reaper
+from . import patches_of, ray_reaper
 
-TRAIN_V2_WORKER = "ray.train.v2._internal.execution.worker_group.worker"
-TRAIN_V2_RUNNER = "ray.train.v2._internal.execution.worker_group.thread_runner"
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
 ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down (armed_key)
 STARTED = b"started"  # the value there of an actor that has started processes but recorded nothing
-_patches: "Patches | None" = None  # the ray integration's, for the Ray Train hooks
 _main = threading.main_thread().ident
 _in_method = 0    # actor methods running in the main thread
 _asked = False    # a SIGTERM asked this actor to end: its teardown is pending or under way
@@ -53,15 +50,11 @@ def patch(patches: Patches) -> None:
     import ray._private.utils
     import ray.actor
 
-    global _patches
-    _patches = patches
     patches.wrap(ray.actor, "exit_actor", _on_actor_exit)
     patches.wrap(ray._private.utils, "set_sigterm_handler", _chain_sigterm_handler)
     patches.wrap(ray._private.function_manager.FunctionActorManager, "_make_actor_method_executor",
                  _on_make_executor)
     engine.when_armed(_announce)
-    importhook.register(TRAIN_V2_WORKER, "autoteardown.integrations.ray_worker:patch_train_worker")
-    importhook.register(TRAIN_V2_RUNNER, "autoteardown.integrations.ray_worker:patch_train_runner")
 
 
 def in_actor():
@@ -220,9 +213,10 @@ def _mark():
             import ray
 
             ray_reaper.mark(ray._private.worker.global_worker.actor_id.hex())
-            if _patches is not None:
-                _patches.wrap(subprocess.Popen, "__init__", _on_process_started)
-                _patches.wrap(multiprocessing.process.BaseProcess, "start", _on_process_started)
+            patches = patches_of("ray")
+            if patches is not None:
+                patches.wrap(subprocess.Popen, "__init__", _on_process_started)
+                patches.wrap(multiprocessing.process.BaseProcess, "start", _on_process_started)
     except Exception:
         log.debug_exception("could not mark this actor's environment")
 
@@ -264,9 +258,9 @@ class TrainingStopped(SystemExit):
     """Raised into a Ray Train training thread that runs on while its worker shuts down."""
 
 
-def patch_train_worker(module) -> None:
-    if _patches is not None:  # a plain function, pickled by reference: see the module docstring
-        _patches.replace(module.RayTrainWorker, "shutdown", _finalizing_after)
+def patch_train_worker(module, patches: Patches) -> None:
+    # A plain function, pickled by reference: see the module docstring.
+    patches.replace(module.RayTrainWorker, "shutdown", _finalizing_after)
 
 
 def _finalizing_after(original):
@@ -280,9 +274,8 @@ def _finalizing_after(original):
     return shutdown
 
 
-def patch_train_runner(module) -> None:
-    if _patches is not None:
-        _patches.wrap(module, "construct_user_exception_with_traceback", _unless_stopped)
+def patch_train_runner(module, patches: Patches) -> None:
+    patches.wrap(module, "construct_user_exception_with_traceback", _unless_stopped)
 
 
 def _unless_stopped(wrapped, instance, args, kwargs):
