@@ -19,6 +19,7 @@ second, and a watchdog ends the process just inside it.
 import faulthandler
 import functools
 import gc
+import math
 import os
 import signal
 import sys
@@ -134,7 +135,7 @@ def _defer_ray_abort():
     global _deferred
     if not _deferred and signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
         _deferred = True
-        signal.alarm(int(config.TIMEOUT) + RAY_ABORT_S)
+        signal.alarm(math.ceil(config.TIMEOUT) + RAY_ABORT_S)  # alarm() counts whole seconds
 
 
 def restore_ray_abort():
