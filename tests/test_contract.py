@@ -36,7 +36,7 @@ EXPECTED = {
     "wandb": {"wandb.init", "wandb.sdk.init", "wandb.sdk.wandb_init.init", "wandb.sdk.wandb_run.Run.__exit__"},
     "mlflow": {"mlflow.tracking.fluent.ActiveRun.__exit__"},
     "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
-            "ray.shutdown", "ray.tune.callback.CallbackList.on_experiment_end"},
+            "ray.shutdown"},
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
     "trackio": {"trackio.run.Run.__init__"},
     "comet": {"comet_ml.experiment.CometExperiment.__init__"},
