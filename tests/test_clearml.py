@@ -8,14 +8,26 @@ the shim keeps (it leaves those to clearml's own exit hook). The patch contract 
 test_contract.py, the gate's in test_trackers.py."""
 
 import signal
+import subprocess
+import time
 
+import psutil
 import pytest
 
 pytest.importorskip("clearml")
 
 from clearml_server import Server  # noqa: E402
 
-from helpers import LOAD_MARGIN, ROOT, ended_quietly, tracker_job, wait_for_line, wait_session_gone  # noqa: E402
+from helpers import (  # noqa: E402
+    LOAD_MARGIN,
+    ROOT,
+    ended_quietly,
+    scancel,
+    tracker_job,
+    wait_for_line,
+    wait_gone,
+    wait_session_gone,
+)
 
 TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT's default
 STEPS = list(range(8))  # what tracker_job.py logs
@@ -152,3 +164,49 @@ def test_a_sigterm_after_clearml_took_it_from_our_handler(jobs, server):
     result = job(jobs, server, "loader", "sigterm")
     check(server, result, -15, "stopped")
     assert result.elapsed < TIMEOUT + LOAD_MARGIN, result
+
+
+def stopped(jobs, server, stop, shim=True):
+    """tracker_job.py's task, stopped once READY by `stop`(proc) (a SLURM stop, a SIGKILL): (the
+    Run, or None if it runs on past the deadline; the seconds it took; the pids of its reporting
+    subprocess, a fork: the children running the script's command line, not a `git` of clearml's)."""
+    proc = jobs.start("tracker_job.py", "clearml", "one", "sigterm", shim=shim,
+                      env={"TRACKER_DIR": jobs.dir, **server.env()})
+    _, before = wait_for_line(proc, "READY")
+    main = psutil.Process(proc.pid)
+    reporter = []
+    for child in main.children():
+        try:
+            reporter += [child.pid] if child.cmdline() == main.cmdline() else []
+        except psutil.Error:  # a `git` that ended, not reaped yet
+            pass
+    sent = time.monotonic()
+    stop(proc)
+    try:
+        proc.wait(TIMEOUT + LOAD_MARGIN)
+    except subprocess.TimeoutExpired:
+        return None, None, reporter
+    return jobs.finish(proc, before=before), time.monotonic() - sent, reporter
+
+
+def test_every_process_signalled_at_once_keeps_the_task_and_its_scalars(jobs, server):
+    # SLURM's stop: the reporting subprocess gets SIGTERM with the script. It ignores it (else it
+    # dies with the scalars it holds, and the lock the teardown then waits on): stopped, 8 of 8.
+    result, took, reporter = stopped(jobs, server, lambda proc: scancel(proc.pid))
+    assert result is not None and len(reporter) == 1, reporter
+    check(server, result, -15, "stopped")
+    assert took < TIMEOUT + LOAD_MARGIN, result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_every_process_signalled_runs_on_and_loses_the_scalars(jobs, server):
+    result, _, _ = stopped(jobs, server, lambda proc: scancel(proc.pid), shim=False)
+    assert result is None and scalars(server.calls()) == [], result
+
+
+def test_a_killed_script_leaves_no_reporting_process(jobs, server):
+    # The OOM killer, a SIGKILL: no teardown; clearml's reporting subprocess leaves once it sees its
+    # parent gone, ignoring SIGTERM or not.
+    result, _, reporter = stopped(jobs, server, lambda proc: proc.kill())
+    assert result is not None and result.returncode == -9 and len(reporter) == 1, reporter
+    assert wait_gone(reporter, within=30 + LOAD_MARGIN) == [], reporter

@@ -6,16 +6,18 @@ uncaught exception or a non-zero `sys.exit`, stopped for Ctrl-C. That is the tru
 for those endings the task is left to it: it runs after our teardown, as without us.
 
 A SIGTERM is the exception. `Task.init` puts its own handler on SIGTERM, which, over the
-default, does nothing: the job does not end, its task stays "running". So when a task is
-recorded we put SIGTERM's handler back to what it was before `Task.init` (the default, or
-ours), and our unwind ends the job. The teardown then ends the task from the runner thread
-through clearml's own exit path with the signal set, as its handler would: it marks the task
-stopped and stops its reporting subprocess, whose last write sends every scalar still queued
-(the flush first hands it what this process holds; with `report_use_subprocess: false`, it
-sends them). The process then dies of the signal.
+default, does nothing: the job runs on, its task "running". So when a task is recorded we put
+back the handler from before `Task.init` (the default, or ours), and our unwind ends the job.
+The teardown ends the task through clearml's own exit path with the signal set, as its handler
+would: the task is stopped, and so is its reporting subprocess, whose last write sends every
+scalar queued (with `report_use_subprocess: false`, the flush sends them). Then the process
+dies of the signal. That subprocess (a fork) ignores SIGTERM: signalled with every process of
+the job (SLURM), it would die with its scalars, holding a lock the teardown then waits on.
+With no teardown (a SIGKILL) it leaves once it sees its parent gone, as clearml has it.
 
-Private names (2.1): `ExitHooks._org_handlers` and `.signal`, `Task._Task__exit_hook`,
-`Task._Task__main_task` (a task made before we were imported), `Task._at_exit_called`.
+Private names (2.1): `ExitHooks._org_handlers`, `.signal` and `.register_signal_and_exception_hooks`,
+`Task._Task__exit_hook`, `Task._Task__main_task` (a task made before we were imported),
+`Task._at_exit_called`, `BackgroundMonitor._background_process_start`.
 """
 
 import signal
@@ -26,12 +28,17 @@ from ..patches import Patches
 from . import kind_of, recording
 
 KIND = kind_of(__name__)
+_in_reporter = False  # this is clearml's reporting subprocess (see the docstring)
 
 
 def patch(patches: Patches) -> None:
     from clearml import Task
+    from clearml.utilities.process.exit_hooks import ExitHooks
+    from clearml.utilities.process.mp import BackgroundMonitor
 
     patches.wrap(Task, "init", recording(_record))
+    patches.wrap(BackgroundMonitor, "_background_process_start", _reporter_starts)
+    patches.wrap(ExitHooks, "register_signal_and_exception_hooks", _ignore_sigterm)
     running = vars(Task).get("_Task__main_task")  # one made before we were imported
     if running is not None:
         _record(running)
@@ -43,8 +50,7 @@ def _record(task) -> None:
 
 
 def _give_sigterm_back() -> None:
-    """If clearml's exit hook holds SIGTERM over the default (which it swallows) or over ours,
-    put that one back: the job ends on SIGTERM, as without clearml."""
+    """If clearml's exit hook holds SIGTERM over the default or ours, that one goes back (as without clearml)."""
     if threading.current_thread() is not threading.main_thread():
         return
     hooks = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
@@ -54,8 +60,22 @@ def _give_sigterm_back() -> None:
     previous = saved[signal.SIGTERM]
     if previous in (signal.SIG_DFL, None) or getattr(previous, "__module__", "") == signals.__name__:
         signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
-        del saved[signal.SIGTERM]  # else clearml's close() would put its own back
-    # A handler of the user's own: clearml hands SIGTERM on to it, left as it is.
+        del saved[signal.SIGTERM]  # else clearml's close() would put its own back (a user's own: left)
+
+
+def _reporter_starts(wrapped, instance, args, kwargs):
+    """In clearml's reporting subprocess, as it starts: SIGTERM ignored."""
+    global _in_reporter
+    _in_reporter = True
+    return _ignore_sigterm(wrapped, None, args, kwargs, before=True)
+
+
+def _ignore_sigterm(wrapped, instance, args, kwargs, before=False):  # also after clearml's hooks
+    result = None if before else wrapped(*args, **kwargs)
+    if _in_reporter and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        getattr(instance, "_org_handlers", {}).pop(signal.SIGTERM, None)  # not put back by clearml
+    return wrapped(*args, **kwargs) if before else result
 
 
 def finalize_one(task, timeout: float) -> "str | None":
