@@ -59,9 +59,11 @@ elif library == "aim":
 elif library == "clearml":
     from clearml import Task  # its server: CLEARML_API_HOST (tests/clearml_server.py's stand-in)
 
-    def start():  # as verl's ClearMLLogger
+    def start():  # as verl's ClearMLLogger, without the repository detection: its `git` (a thread's
+        # Popen) races the fork of clearml's reporting subprocess, which can inherit the pipe that
+        # Popen waits on, and close() or the exit then waits for ever (1 run in 5 here, without the shim too).
         return Task.init(project_name="autoteardown-tests", task_name=what, continue_last_task=True,
-                         output_uri=False)
+                         output_uri=False, auto_connect_frameworks={"detect_repository": False})
 
     def end(run):
         run.close()
