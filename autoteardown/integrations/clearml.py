@@ -64,18 +64,19 @@ def _give_sigterm_back() -> None:
 
 
 def _reporter_starts(wrapped, instance, args, kwargs):
-    """In clearml's reporting subprocess, as it starts: SIGTERM ignored."""
+    """In clearml's reporting subprocess, as it starts: SIGTERM ignored (and after it sets its hooks)."""
     global _in_reporter
     _in_reporter = True
-    return _ignore_sigterm(wrapped, None, args, kwargs, before=True)
+    _ignore_sigterm(lambda: None, None, (), {})
+    return wrapped(*args, **kwargs)
 
 
-def _ignore_sigterm(wrapped, instance, args, kwargs, before=False):  # also after clearml's hooks
-    result = None if before else wrapped(*args, **kwargs)
+def _ignore_sigterm(wrapped, instance, args, kwargs):
+    result = wrapped(*args, **kwargs)
     if _in_reporter and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         getattr(instance, "_org_handlers", {}).pop(signal.SIGTERM, None)  # not put back by clearml
-    return wrapped(*args, **kwargs) if before else result
+    return result
 
 
 def finalize_one(task, timeout: float) -> "str | None":
