@@ -36,9 +36,13 @@ if TYPE_CHECKING:
     PerObject = Callable[[Any], Any]
 
 
+LEFT_BEHIND = "left behind"
+
+
 class Kind:
     """How to finalize the resources of one kind, and when (lower `order` first):
-    finalize_one(obj, timeout) (a string it returns is the report's outcome), after_all(timeout)
+    finalize_one(obj, timeout) (a string it returns is the report's outcome; LEFT_BEHIND: it left
+    work waiting on what does not answer, as a step that runs over does), after_all(timeout)
     once after them, in_child(obj) in a fork child for each object the parent had,
     on_sigterm(obj) in the SIGTERM handler (no lock, no blocking)."""
 
@@ -233,9 +237,9 @@ def _run_bounded(kind: str, obj, func, budget: float) -> None:
     started = time.monotonic()
     outcome, _, runner = _in_runner(func, (budget,) if obj is None else (obj, budget), started + budget, kind)
     elapsed, name = time.monotonic() - started, _name(kind, obj)
-    result = outcome[0] if outcome else "left behind"
+    result = outcome[0] if outcome else LEFT_BEHIND
+    _state.left_behind |= result == LEFT_BEHIND
     if not outcome:
-        _state.left_behind = True
         log.warning("%s: still running after %.1fs%s; left behind", name, elapsed, _where(runner))
     elif isinstance(result, BaseException) and not isinstance(result, SystemExit):
         log.warning("%s: %s: %s", name, type(result).__name__, result)

@@ -8,7 +8,8 @@ or "file_stream", "upload", "other"; "run": the run id; for file_stream, "histor
 lines it carried, as sent), "complete" and "exitcode"}. A test reads them back (`received`).
 
 Its mode is a file, MODE (read at each request and each accept), so a test switches it while a
-job runs: "answer" (the default), "stall" (accept, read, never answer: a server that hangs), or
+job runs: "answer" (the default), "stall" (accept, read, never answer: a server that hangs),
+"slow N" (answer each request N seconds after it came: a server that is slow but answers), or
 "gone" (stop listening: connections are refused; "answer" listens again on the same port).
 
 Usage: python wandb_server.py PORT RECORD MODE
@@ -82,7 +83,11 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
 
     def _stall_or_go_on(self):
-        """In "stall" mode, hold the request unanswered until the mode changes (then answer it)."""
+        """In "stall" mode, hold the request unanswered until the mode changes (then answer it);
+        in "slow N" mode, for N seconds."""
+        now = mode(self.server.mode_path)
+        if now.startswith("slow "):
+            time.sleep(float(now.split()[1]))
         while mode(self.server.mode_path) == "stall":
             time.sleep(0.1)
 

@@ -8,18 +8,29 @@ A run whose finish is still waiting for the server when its budget is over (a se
 stalls or is gone) has its data, exit record included, in its local run file: it is taken off
 wandb's active runs, so that `wandb.teardown()` does not finish it a second time, and one line
 says how to upload it later (`wandb sync --include-online <dir>`).
+
+A finish() the script calls itself (run.finish(), wandb.finish(), the end of a `with wandb.init()`
+block) is bounded by the same rule, wherever it is in the script: it waits while the upload
+moves, and is let go once wandb-core's operations have not changed (none began or ended, no
+progress moved) for AUTOTEARDOWN_TIMEOUT seconds. The run is complete on disk by then
+(wandb-core writes each record before it sends it), so the line above is printed and the script
+goes on. A slow upload that moves is never cut; a run whose own `finish_timeout` is set, an
+offline run, and a wandb whose progress cannot be read are left to wandb.
 """
 
 import os
 import sys
+import threading
+import time
 import weakref
 
-from .. import exitstatus, log, registry, signals
+from .. import config, exitstatus, log, registry, signals, threads
 from ..patches import Patches
 from . import kind_of, recording
 
 KIND = kind_of(__name__)  # the private names below: tested on 0.22.0 and 0.31
 _finishing: "weakref.WeakSet" = weakref.WeakSet()  # runs whose finish() the teardown started, until it returns
+_let_go: "weakref.WeakSet" = weakref.WeakSet()  # runs whose finish() the script called, let go (see above)
 
 
 def patch(patches: Patches) -> None:
@@ -28,6 +39,7 @@ def patch(patches: Patches) -> None:
     # wandb, wandb.sdk and wandb.sdk.wandb_init bind the same `init` (0.22-0.31).
     patches.rebind(wandb_init.init, recording(_record), "wandb")
     patches.wrap(wandb_run.Run, "__exit__", signals.exit_unless_stopped)
+    patches.wrap(wandb_run.Run, "_finish", _bounded_finish)  # finish(), wandb.finish() and __exit__ call it
     setup = _setup()  # runs started before we were imported
     if setup is not None:
         with setup._active_runs_lock:
@@ -57,6 +69,65 @@ def _core_status():
     return process.poll() if process is not None else None
 
 
+def _bounded_finish(wrapped, run, args, kwargs):
+    """The script's own finish(), in a runner, waited for while wandb-core's operations progress."""
+    settings = getattr(run, "_settings", None)
+    if run in _finishing or getattr(run, "_is_finished", True) or getattr(settings, "_offline", True) \
+            or getattr(settings, "finish_timeout", 0) or _progress(run) is None:
+        return wrapped(*args, **kwargs)
+    outcome = []
+    done = threading.Event()
+
+    def finish() -> None:
+        try:
+            outcome.append((wrapped(*args, **kwargs), None))
+        except BaseException as exc:  # raised again in the caller
+            outcome.append((None, exc))
+        finally:
+            done.set()
+
+    if not threads.submit(finish):
+        return wrapped(*args, **kwargs)
+    seen, moved = _progress(run), time.monotonic()
+    while not done.wait(0.5):
+        now = _progress(run)
+        if now is not None and seen is not None and now != seen:
+            moved = time.monotonic()
+        seen = now
+        if time.monotonic() - moved >= config.TIMEOUT:
+            _let_go.add(run)
+            from wandb.sdk.lib import module
+
+            if sys.modules["wandb"].run is run:
+                module.unset_globals()  # as the finish would have, when it returns
+            _warn_not_uploaded(run)
+            return None
+    result, exc = outcome[0]
+    if exc is not None:
+        raise exc
+    return result
+
+
+def _progress(run) -> "dict | None":
+    """wandb-core's operations under way, {description: progress}; None if they cannot be read."""
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        interface = getattr(run, "_interface", None) or run._backend.interface  # 0.31, 0.22
+        handle = interface._deliver(pb.Record(request=pb.Request(operations=pb.OperationStatsRequest())))
+        stats = handle.wait_or(timeout=1.0).response.operations_response.operation_stats
+        return {f"{op.desc}/{sub.desc}": sub.progress for op in stats.operations for sub in op.subtasks} | {
+            op.desc: op.progress for op in stats.operations}
+    except Exception:
+        return None
+
+
+def _warn_not_uploaded(run) -> None:
+    directory = getattr(getattr(run, "_settings", None), "sync_dir", None) or "the run's folder"
+    log.warning("%s: not uploaded (W&B did not answer); it is complete on disk: upload it later with "
+                "`wandb sync --include-online %s`", describe(run), directory)
+
+
 def _exit_code():
     code, exception, _ = exitstatus.ending()
     # wandb's own excepthook records 255 for KeyboardInterrupt; keep its convention.
@@ -81,16 +152,16 @@ def finalize_one(run, timeout: float) -> "str | None":
     return "wandb-core gone"
 
 
-def after_all(timeout: float) -> None:
-    """wandb.teardown(): wandb-core writes out and stops; wandb's own exit hook is taken off."""
+def after_all(timeout: float) -> "str | None":
+    """wandb.teardown(): wandb-core writes out and stops; wandb's own exit hook is taken off.
+    After a finish let go, "left behind": what waits on the server (wandb's telemetry exit hook,
+    up to its 10 s request) is cut as after a step left behind (engine.py)."""
     if _setup() is None:
-        return  # torn down already
+        return None  # torn down already
     for run in list(_finishing):  # left behind: the server did not answer
         _finishing.discard(run)
         _setup().remove_active_run(run)
-        directory = getattr(getattr(run, "_settings", None), "sync_dir", None) or "the run's folder"
-        log.warning("%s: not uploaded (W&B did not answer); it is complete on disk: upload it later with "
-                    "`wandb sync --include-online %s`", describe(run), directory)
+        _warn_not_uploaded(run)
     core_died = _core_status() is not None
     import wandb
 
@@ -104,6 +175,7 @@ def after_all(timeout: float) -> None:
             raise
         # With wandb-core gone it raises, after unregistering wandb's hook: what we need.
         log.debug_exception("wandb.teardown() with wandb-core gone")
+    return "left behind" if _let_go else None
 
 
 def _warn_core_ended(status):

@@ -7,7 +7,8 @@ lifetime="detached"; either way the driver simply ends and the actor lives on,
 on a cluster started separately.)
 
 Prints the actor's pid, its DataLoader workers' and wandb-core's pids, and the
-number of steps it logged."""
+number of steps it logged. With GO_FILE set, it then prints READY and waits for that file
+before it ends (a test makes the W&B server fail meanwhile)."""
 
 import os
 import sys
@@ -51,6 +52,10 @@ actor_pid, children = ray.get(runner.run.remote())
 print("ACTOR:", actor_pid)
 print("CHILDREN:", *children)
 print("STEPS:", STEPS, flush=True)
+if os.environ.get("GO_FILE"):
+    print("READY", flush=True)
+    while not os.path.exists(os.environ["GO_FILE"]):
+        time.sleep(0.05)
 print("END:", time.monotonic(), flush=True)  # for the exit-time benchmark
 if mode in ("terminate", "sigterm"):
     if mode == "terminate":
