@@ -1,23 +1,21 @@
 """ClearML tasks: a SIGTERM ends the job, and the task as "stopped" with every scalar it reported.
 
-clearml (2.1) ends its main task from its own exit hook (an atexit callback,
-`Task._at_exit`), which gives the task its state on the server: completed, failed for an
-uncaught exception or a non-zero `sys.exit`, stopped for Ctrl-C. That is the true state, so
-for those endings the task is left to it: it runs after our teardown, as without us.
+clearml (2.1) ends its main task from its own exit hook (`Task._at_exit`, atexit), which gives
+it its true state on the server: completed, failed for an exception or a non-zero `sys.exit`,
+stopped for Ctrl-C. For those endings the task is left to it, after our teardown, as without us.
 
 A SIGTERM is the exception. `Task.init` puts its own handler on SIGTERM, which, over the
-default, does nothing: the job runs on, its task "running". So when a task is recorded we put
-back the handler from before `Task.init` (the default, or ours), and our unwind ends the job.
+default, does nothing: the job runs on, its task "running". So when a task is recorded the
+handler from before `Task.init` (the default, or ours) goes back, and our unwind ends the job.
 The teardown ends the task through clearml's own exit path with the signal set, as its handler
 would: the task is stopped, and so is its reporting subprocess, whose last write sends every
-scalar queued (with `report_use_subprocess: false`, the flush sends them). Then the process
-dies of the signal. That subprocess (a fork) ignores SIGTERM: signalled with every process of
-the job (SLURM), it would die with its scalars, holding a lock the teardown then waits on.
-With no teardown (a SIGKILL) it leaves once it sees its parent gone, as clearml has it.
+scalar queued (without that subprocess, the flush sends them); then the process dies of the
+signal. The subprocess (a fork) ignores SIGTERM: signalled with the whole job (SLURM), it would
+die with its scalars, holding a lock the teardown waits on; after a SIGKILL, clearml ends it.
 
-Private names (2.1): `ExitHooks._org_handlers`, `.signal` and `.register_signal_and_exception_hooks`,
-`Task._Task__exit_hook`, `Task._Task__main_task` (a task made before we were imported),
-`Task._at_exit_called`, `BackgroundMonitor._background_process_start`.
+Private names (2.1): `ExitHooks._org_handlers`, `.signal`, `.register_signal_and_exception_hooks`,
+`Task._Task__exit_hook`, `._Task__main_task` (one made before we were imported), `._at_exit_called`,
+`BackgroundMonitor._background_process_start`.
 """
 
 import signal
