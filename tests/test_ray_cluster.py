@@ -26,8 +26,24 @@ from test_ray import reported
 GRACE = 5.0  # Ray's default grace: these clusters' workers do not get the test's environment
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-# A venv with the same Ray and Python as this one, but no wrapt (see the README's Ray section).
-NO_WRAPT_RAY = os.environ.get("ATD_NO_WRAPT_RAY", "/work/venv-ray-nowrapt/bin/ray")
+
+
+def no_wrapt_ray(folder):
+    """A venv of this Python whose site-packages are this one's but wrapt: links, made in a
+    second or two (see the README's Ray section); its `ray` command."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    ours = sysconfig.get_paths()["purelib"]
+    theirs = sysconfig.get_paths(vars={"base": str(folder), "platbase": str(folder)})["purelib"]
+    for name in os.listdir(ours):
+        if name.split("-")[0] != "wrapt" and not os.path.exists(os.path.join(theirs, name)):
+            os.symlink(os.path.join(ours, name), os.path.join(theirs, name))
+    ray = os.path.join(folder, "bin", "ray")
+    with open(ray, "w") as script:
+        script.write(f"#!{folder}/bin/python\nimport sys\nfrom ray.scripts.scripts import main\nsys.exit(main())\n")
+    os.chmod(ray, 0o755)
+    return ray
 
 
 def cluster_processes(marker):
@@ -70,19 +86,17 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def no_wrapt_cluster():
-    if not os.path.exists(NO_WRAPT_RAY):
-        pytest.skip(f"no Ray venv without wrapt at {NO_WRAPT_RAY} (set ATD_NO_WRAPT_RAY)")
-    python = os.path.join(os.path.dirname(NO_WRAPT_RAY), "python")
+def no_wrapt_cluster(tmp_path_factory):
+    ray_command = no_wrapt_ray(tmp_path_factory.mktemp("no-wrapt"))
+    python = os.path.join(os.path.dirname(ray_command), "python")
     probe = subprocess.run([python, "-c", "import importlib.util as u, ray, sys; "
                             "print(ray.__version__, sys.version_info[:2], u.find_spec('wrapt') is None)"],
                            capture_output=True, text=True, timeout=60)
     import ray
 
     wanted = f"{ray.__version__} {sys.version_info[:2]} True"
-    if probe.stdout.strip() != wanted:
-        pytest.skip(f"{python}: {probe.stdout.strip() or probe.stderr[-200:]} (need {wanted})")
-    with ray_start(NO_WRAPT_RAY) as address:
+    assert probe.stdout.strip() == wanted, f"{python}: {probe.stdout.strip() or probe.stderr[-200:]} (need {wanted})"
+    with ray_start(ray_command) as address:
         yield address
 
 
