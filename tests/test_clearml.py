@@ -29,7 +29,10 @@ from helpers import (  # noqa: E402
     wait_session_gone,
 )
 
-TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT's default
+# AUTOTEARDOWN_TIMEOUT here. After a SIGTERM the task needs one write of clearml's reporting
+# subprocess (every 5 s), and the teardown may begin as late as half the deadline (signals.py's
+# rule 4: an unwind lost, under load): twice the 5 s and a margin, so every path fits.
+TIMEOUT = 12.0
 STEPS = list(range(8))  # what tracker_job.py logs
 ENDINGS = {"normal": (0, 0), "exit3": (3, 0), "raise": (1, 1), "interrupt": (-2, 1), "sigterm": (-15, 0)}
 STATES = {"normal": "completed", "exit3": "failed", "raise": "failed", "interrupt": "stopped", "sigterm": "stopped"}
@@ -46,7 +49,7 @@ def server(jobs):
 
 
 def job(jobs, server, what, ending, sdk="", **kwargs):
-    return tracker_job(jobs, "clearml", what, ending, **server.env(sdk), **kwargs)
+    return tracker_job(jobs, "clearml", what, ending, **server.env(sdk), **{"AUTOTEARDOWN_TIMEOUT": TIMEOUT, **kwargs})
 
 
 def states(calls):
@@ -171,7 +174,7 @@ def stopped(jobs, server, stop, shim=True):
     Run, or None if it runs on past the deadline; the seconds it took; the pids of its reporting
     subprocess, a fork: the children running the script's command line, not a `git` of clearml's)."""
     proc = jobs.start("tracker_job.py", "clearml", "one", "sigterm", shim=shim,
-                      env={"TRACKER_DIR": jobs.dir, **server.env()})
+                      env={"TRACKER_DIR": jobs.dir, "AUTOTEARDOWN_TIMEOUT": TIMEOUT, **server.env()})
     _, before = wait_for_line(proc, "READY")
     main = psutil.Process(proc.pid)
     reporter = []
