@@ -73,7 +73,8 @@ def _bounded_finish(wrapped, run, args, kwargs):
     """The script's own finish(), in a runner, waited for while wandb-core's operations progress."""
     settings = getattr(run, "_settings", None)
     if run in _finishing or getattr(run, "_is_finished", True) or getattr(settings, "_offline", True) \
-            or getattr(settings, "finish_timeout", 0) or _progress(run) is None:
+            or getattr(settings, "finish_timeout", 0) or getattr(run, "_init_pid", None) != os.getpid() \
+            or _progress(run) is None:  # a fork child never talks to the parent's wandb-core
         return wrapped(*args, **kwargs)
     outcome = []
     done = threading.Event()
