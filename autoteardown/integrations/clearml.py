@@ -1,21 +1,16 @@
 """ClearML tasks: a SIGTERM ends the job, and the task as "stopped" with every scalar it reported.
 
-clearml (2.1) ends its main task from its own exit hook (`Task._at_exit`, atexit), which gives
-it its true state on the server: completed, failed for an exception or a non-zero `sys.exit`,
-stopped for Ctrl-C. For those endings the task is left to it, after our teardown, as without us.
+clearml (2.1) ends its main task from its exit hook (`Task._at_exit`) with its true state:
+completed, failed (an exception, a non-zero `sys.exit`), stopped (Ctrl-C): left to it, as without us.
 
-A SIGTERM is the exception. `Task.init` puts its own handler on SIGTERM, which, over the
-default, does nothing: the job runs on, its task "running". So when a task is recorded the
-handler from before `Task.init` (the default, or ours) goes back, and our unwind ends the job.
-The teardown ends the task through clearml's own exit path with the signal set, as its handler
-would: the task is stopped, and so is its reporting subprocess, whose last write sends every
-scalar queued (without that subprocess, the flush sends them); then the process dies of the
-signal. The subprocess (a fork) ignores SIGTERM: signalled with the whole job (SLURM), it would
-die with its scalars, holding a lock the teardown waits on; after a SIGKILL, clearml ends it.
+A SIGTERM is the exception: over the default, clearml's handler does nothing, and the job runs
+on, "running". So when a task is recorded the handler from before `Task.init` (the default, or
+ours) goes back. The teardown ends the task through clearml's exit path with the signal set:
+it is stopped, and its reporting subprocess's last write sends every scalar queued. That
+subprocess (a fork) ignores SIGTERM, else a SLURM stop kills it with its scalars and a lock held.
 
-Private names (2.1): `ExitHooks._org_handlers`, `.signal`, `.register_signal_and_exception_hooks`,
-`Task._Task__exit_hook`, `._Task__main_task` (one made before we were imported), `._at_exit_called`,
-`BackgroundMonitor._background_process_start`.
+Private (2.1): `ExitHooks._org_handlers`, `.signal`, `.register_signal_and_exception_hooks`, `Reporter._report`,
+`Task._Task__exit_hook`, `._Task__main_task`, `._at_exit_called`, `PrintPatchLogger.write`, `BackgroundMonitor`.
 """
 
 import signal
@@ -31,10 +26,15 @@ _in_reporter = False  # this is clearml's reporting subprocess (see the docstrin
 
 def patch(patches: Patches) -> None:
     from clearml import Task
+    from clearml.backend_interface.logger import PrintPatchLogger
+    from clearml.backend_interface.metrics.reporter import Reporter
     from clearml.utilities.process.exit_hooks import ExitHooks
     from clearml.utilities.process.mp import BackgroundMonitor
 
     patches.wrap(Task, "init", recording(_record))
+    # Raised in them, an unwind can leave a clearml lock held for ever: it waits until they return.
+    patches.wrap(PrintPatchLogger, "write", signals.critical)
+    patches.wrap(Reporter, "_report", signals.critical)
     patches.wrap(BackgroundMonitor, "_background_process_start", _reporter_starts)
     patches.wrap(ExitHooks, "register_signal_and_exception_hooks", _ignore_sigterm)
     running = vars(Task).get("_Task__main_task")  # one made before we were imported
