@@ -72,9 +72,10 @@ def _core_status():
 def _bounded_finish(wrapped, run, args, kwargs):
     """The script's own finish(), in a runner, waited for while wandb-core's operations progress."""
     settings = getattr(run, "_settings", None)
-    if run in _finishing or getattr(run, "_is_finished", True) or getattr(settings, "_offline", True) \
-            or getattr(settings, "finish_timeout", 0) or getattr(run, "_init_pid", None) != os.getpid() \
-            or _progress(run) is None:  # a fork child never talks to the parent's wandb-core
+    # A fork child never talks to the parent's wandb-core (_init_pid).
+    seen = None if run in _finishing or getattr(run, "_is_finished", True) or getattr(settings, "_offline", True) \
+        or getattr(settings, "finish_timeout", 0) or getattr(run, "_init_pid", None) != os.getpid() else _progress(run)
+    if seen is None:
         return wrapped(*args, **kwargs)
     outcome = []
     done = threading.Event()
@@ -89,7 +90,7 @@ def _bounded_finish(wrapped, run, args, kwargs):
 
     if not threads.submit(finish):
         return wrapped(*args, **kwargs)
-    seen, moved = _progress(run), time.monotonic()
+    moved = time.monotonic()
     while not done.wait(0.5):
         now = _progress(run)
         if now is not None and seen is not None and now != seen:
