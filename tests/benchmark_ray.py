@@ -8,9 +8,9 @@ Run: python tests/benchmark_ray.py [--runs N] [--only reap,two-node,train,exit,e
 - train: Ray Train (v2 where the Ray has it) rank 0's wandb steps kept, with and without the shim;
 - exit: driver exit time of the verl-style TaskRunner script, with and without the shim;
 - end-from-actor: how long an actor's __ray_terminate__ / ray.kill call takes, with and without the
-  shim (an actor hands each ending on as it sends it), 5 calls of each a run;
+  shim (an actor hands nothing on: the ended actor's guard ends it), 5 calls of each a run;
 - kill-40: a controller actor ray.kills 40 busy actors back to back, with and without the shim:
-  each call's cost, the reaper processes alive right after the last call (count, RSS), and the
+  each call's cost, the guard processes alive right after the last call (count, RSS), and the
   same with the Ray gcs_server the script started stopped (SIGSTOP) during the calls.
 Every process a run reports is killed by pid afterwards; the cluster by pid too.
 """
@@ -102,16 +102,16 @@ def end_from_actor(runs, shim):
 
 
 def kill_40(runs, shim, stop_gcs):
-    """(each call's ms, [(reapers, their RSS MB) a run])."""
-    calls, reapers = [], []
+    """(each call's ms, [(guards, their RSS MB) a run])."""
+    calls, guards = [], []
     for _ in range(runs):
         proc, _, _ = script("ray_nw_kill_many.py", shim=shim, N=40, STOP_GCS=int(stop_gcs))
         kill_pids(pids(proc.stdout, "PIDS"))
         match = re.search(r"^CALL_MS: (.*)$", proc.stdout, re.M)
         calls += [float(ms) for ms in match.group(1).split()] if match else []
-        match = re.search(r"^REAPERS: (\d+) (\d+)", proc.stdout, re.M)
-        reapers += [(int(match.group(1)), int(match.group(2)))] if match else []
-    return calls, reapers
+        match = re.search(r"^GUARDS: (\d+) (\d+)", proc.stdout, re.M)
+        guards += [(int(match.group(1)), int(match.group(2)))] if match else []
+    return calls, guards
 
 
 def line(label, value):
@@ -156,11 +156,11 @@ def main():
     if "kill-40" in only:
         for stop_gcs in (False, True):
             for shim in (True, False):
-                took, reapers = kill_40(args.runs, shim, stop_gcs)
+                took, guards = kill_40(args.runs, shim, stop_gcs)
                 line(f"40 ray.kill by an actor{', gcs_server stopped' if stop_gcs else ''}, "
                      f"{'autoteardown' if shim else 'no shim'}",
-                     f"median {statistics.median(took):.1f} ms a call, {sum(took) / max(1, len(reapers)):.0f} ms "
-                     f"in all; reapers left {', '.join(f'{n} ({mb} MB)' for n, mb in reapers)}"
+                     f"median {statistics.median(took):.1f} ms a call, {sum(took) / max(1, len(guards)):.0f} ms "
+                     f"in all; guards left {', '.join(f'{n} ({mb} MB)' for n, mb in guards)}"
                      if took else "no figures (see the script's output)")
 
 

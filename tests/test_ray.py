@@ -135,7 +135,7 @@ def test_hung_actors_stay_alive_without_the_shim(cleanup):
 
 
 def test_the_reaper_never_kills_a_reused_pid(jobs):
-    from autoteardown.integrations.ray_reaper import kill_if_same_process
+    from autoteardown.integrations.ray_guard import kill_if_same_process
 
     before = time.time() - 1
     stranger = jobs.popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -219,26 +219,28 @@ TREE_ELSEWHERE = {"RAY_AUTH_MODE": "disabled", "TREE_ON_NODE": "second_node", "A
 
 
 @pytest.mark.parametrize("ending", ["end", "shutdown", "crash"])
-def test_an_idle_or_crashed_actors_tree_on_the_other_node_ends_by_the_drivers_end(two_nodes, jobs, ending):
-    # The actor recorded nothing (or crashed): psutil here cannot see its node, so it said
-    # so when it started a process (the workers get autoteardown through the runtime_env hook).
-    from test_ray_tree import released, reported_trees, tree_job
+def test_an_idle_or_crashed_actors_tree_on_the_other_node_ends(two_nodes, jobs, ending):
+    # The actor recorded nothing: psutil here cannot see its node, so it said so when it started
+    # a process (the workers get autoteardown through the runtime_env hook). A crashed one's tree
+    # is ended by its guard there, while the driver lives.
+    from test_ray_tree import assert_ended_while_the_driver_lives, released, reported_trees, tree_job
 
     result, tree, folder = tree_job(jobs, ending, RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE,
                                     RAY_RUNTIME_ENV_HOOK="autoteardown.ray_runtime_env_hook")
     assert wait_until_empty(lambda: alive(tree), within=2 * GRACE + 2 * LOAD_MARGIN) == [], result
     assert released(folder), result  # SIGTERM first
     assert result.returncode == 0, result
-    if ending != "shutdown":  # ended by the driver's exit: in its report
+    if ending == "end":  # ended by the driver's exit: in its report
         assert any("descendant(s) ended" in outcome for outcome in reported_trees(jobs)), result
+    if ending == "crash":  # by its guard there, while the driver lives
+        assert_ended_while_the_driver_lives(jobs, result)
 
 
 @pytest.mark.parametrize("ending", ["nested", "dropped"])
 def test_an_actor_that_ends_first_hands_on_the_ending_of_its_actor_on_the_other_node(two_nodes, jobs, ending):
     # Holder, here, ends its busy Engine there and is ended at once (dropped: with no Python
     # hook): a task watching the Engine would be Holder's, and Ray kills a task with its owner,
-    # so Holder hands the ending to a detached actor there (ray_reaper.detached_kill_on) as it
-    # sends it.
+    # so the Engine's guard on its node ends it and its processes (ray_guard.py).
     from test_ray_tree import released, tree_job
 
     result, tree, folder = tree_job(jobs, ending, RAY_ADDRESS=two_nodes, **TREE_ELSEWHERE,

@@ -72,9 +72,9 @@ def test_train_run_keeps_its_steps_and_ends_with_0(jobs, v2):
 def test_a_train_workers_processes_end_with_the_worker_group(jobs, v2):
     # Each rank starts a process that starts one in a new session: the worker group's
     # shutdown (v2: shutdown(), then ray.kill; v1: __ray_terminate__) ends them with their
-    # worker, while the driver still runs (ray_reaper's rule, applied by the controller or
-    # trial actor that holds the workers, which hands each ending on as it starts it: Ray 2.40
-    # kills v1's trial actor with no Python hook as soon as its workers are gone).
+    # worker, while the driver still runs (ray_guard's rule, applied by each worker's guard on
+    # its node: Ray 2.40 kills v1's trial actor with no Python hook as soon as its workers are
+    # gone, so nothing that watches from it would last).
     result, found, pids = train(jobs, "tree", v2=v2, AUTOTEARDOWN_RAY_GRACE_S="2")
     assert "FIT: ok" in result.stdout, result
     assert len(found) == 2, result

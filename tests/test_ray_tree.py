@@ -1,4 +1,4 @@
-"""An actor's process tree ends with it (integrations/ray_reaper.py): an actor starts an
+"""An actor's process tree ends with it (integrations/ray_guard.py): an actor starts an
 engine-shaped tree (a multiprocessing spawn child whose process starts a worker in a new
 session; a subprocess child with a child of its own: tests/scripts/ray_tree_job.py), then
 is busy, and the job ends one way. Nothing of the tree runs 2 x grace after the ending, the
@@ -11,13 +11,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import psutil
 import pytest
 
-from helpers import LOAD_MARGIN, alive, tracebacks, wait_for_line, wait_until_empty
+from helpers import LOAD_MARGIN, alive, reported, tracebacks, wait_for_line, wait_until_empty
 
 pytest.importorskip("ray")
 GRACE = 2.0
@@ -46,6 +45,15 @@ def tree_job(jobs, ending, shim=True, **env):
     return result, actor + tree, folder
 
 
+def assert_ended_while_the_driver_lives(jobs, result):
+    """A crashed actor's tree: gone within the grace + 1 s of the crash (the actor wrote its time; the
+    driver watched the tree), by its guard (ray_guard.py), while the driver ran on: not in its exit's report."""
+    (gone_ms,) = reported(result.stdout, "TREE_GONE")
+    assert gone_ms / 1000 <= GRACE + 1 + LOAD_MARGIN, result
+    print(f"crashed actor's tree gone {gone_ms / 1000:.2f} s after the crash")
+    assert reported_trees(jobs) == [], result
+
+
 def reported_trees(jobs):
     """The outcomes in the teardown reports that name an actor's descendants ended."""
     path = jobs.dir / "report.jsonl"
@@ -65,9 +73,11 @@ def test_nothing_an_actor_started_outlives_it(jobs, ending):
     assert released(folder), result  # SIGTERM first: the new-session worker ran its handler
     (bystander,) = [int(p) for p in re.findall(r"^BYSTANDER: (\d+)", result.stdout, re.M)]
     assert alive([bystander]) == [bystander], result  # the driver's own process is never signalled
-    if ending in ("end", "end-record", "sigterm", "crash", "segfault"):  # ended by the driver's exit: in its report
+    if ending in ("end", "end-record", "sigterm"):  # ended by the driver's exit: in its report
         assert any(re.search(r"Engine \w{8} \(pid \d+\): \d+ descendant\(s\) ended", outcome)
                    for outcome in reported_trees(jobs)), (reported_trees(jobs), result)
+    if ending in ("crash", "segfault"):
+        assert_ended_while_the_driver_lives(jobs, result)
     if ending in ("sigterm", "group"):
         assert result.returncode != 0, result  # Ray's status for a stopped driver, as without the shim
     else:
@@ -85,7 +95,7 @@ def test_without_the_shim_an_actors_grandchildren_are_left(jobs, ending):
 
 
 def test_a_process_that_is_not_the_actors_is_never_signalled():
-    from autoteardown.integrations.ray_reaper import descendants, signal_running
+    from autoteardown.integrations.ray_guard import descendants, signal_running
 
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -101,11 +111,11 @@ def test_a_process_that_is_not_the_actors_is_never_signalled():
         stranger.wait(10)
 
 
-def test_a_reaper_under_the_actor_is_not_its_process():
-    # hand_off's reaper is started from the actor: found under it, it is still not the actor's.
-    from autoteardown.integrations.ray_reaper import MARKER, REAPER, descendants
+def test_a_guard_under_the_actor_is_not_its_process():
+    # The node's guard is started from an actor: found under it, it is still not the actor's.
+    from autoteardown.integrations.ray_guard import GUARD, MARKER, descendants
 
-    reaper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, MARKER: REAPER})
+    reaper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, MARKER: GUARD})
     try:  # (Popen returns once the child has exec'd: its environment is the one given)
         assert reaper.pid not in dict(descendants(os.getpid(), not_after=time.time()))
     finally:
@@ -113,31 +123,10 @@ def test_a_reaper_under_the_actor_is_not_its_process():
         reaper.wait(10)
 
 
-def test_an_actor_ending_an_actor_is_held_no_longer_than_the_hand_on_wait(monkeypatch):
-    # In an actor, __ray_terminate__ and ray.kill return once the ending is handed on: with a GCS
-    # that does not answer (the lookup never returns: a fault made by hand), HAND_ON_WAIT_S at most.
-    from types import SimpleNamespace
-
-    from autoteardown.integrations import ray_driver, ray_worker
-
-    answered = threading.Event()
-    monkeypatch.setattr(ray_worker, "in_actor", lambda: True)
-    # Once answered, the actor is gone: the runner has nothing more to do.
-    monkeypatch.setattr(ray_driver._Ending, "locate", lambda ending, watch=True: answered.wait(60) and ending.finish())
-    handle = SimpleNamespace(_ray_actor_id=SimpleNamespace(hex=lambda: "ab" * 16))
-    began = time.monotonic()
-    try:
-        ray_driver._watch_ending(handle, time.time())
-        took = time.monotonic() - began
-    finally:
-        answered.set()
-    assert ray_driver.HAND_ON_WAIT_S <= took < ray_driver.HAND_ON_WAIT_S + LOAD_MARGIN
-
-
 def test_a_restarted_actors_processes_are_not_the_ended_ones():
     # A restarted actor keeps its id: what carries it but was created after the actor was
     # seen gone is the new one's. (A pid no process has: the actor is gone.)
-    from autoteardown.integrations.ray_reaper import MARKER, clock, descendants
+    from autoteardown.integrations.ray_guard import MARKER, clock, descendants
 
     gone_at = clock()
     marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],

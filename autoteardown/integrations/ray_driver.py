@@ -11,14 +11,12 @@ Train's controller): actors it ends really end, and live ones tear down first.
   SIGTERM, which ray_worker.py turns into its teardown; the others are left to Ray. A stopped job's
   GCS may be going away: its driver asks GCS nothing before the actors are sent SIGTERM, all at once
   (the pids were looked up soon after the actors started: `_learn`), and removes its keys after.
-- Either way the process that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
+- Either way a driver that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
   An actor that ends actors can itself be ended first, even with no Python hook (Ray kills an actor
-  whose last handle is dropped at once), and its watch would die with it. So it hands each ending on
-  as it starts it, not at its teardown: on its node to its one detached reaper process
-  (ray_reaper.hand_off), on another to a detached actor there (its own task there would die with it).
-  The actors its teardown ends (SIGTERM) are handed on the same way once sent.
+  whose last handle is dropped at once), so it watches nothing: the guard on the ended actor's node
+  (ray_guard.py) ends it at its due time and its processes once it is gone.
 - An actor's key in GCS (ray_worker.ARMED) goes when it ends, removed by the process that ended it,
   and a driver removes all of its job's keys at its end: a shared cluster outlives its jobs.
 """
@@ -31,27 +29,14 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_reaper import (
-    clock,
-    descendants,
-    detached_kill_on,
-    hand_off,
-    kill_if_same_process,
-    reaper_running,
-    remote_kill_on,
-    signal_running,
-)
+from .ray_guard import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
 _known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
-_handed_on: set = set()  # in an actor: the ids of the actors it ended (each handed on once)
-HAND_ON_WAIT_S = 1.0  # a hand-off without the actor's record: a GCS lookup (ms), then a line to the reaper
-_gcs_silent = False   # in an actor: a hand-off's lookup outlasted HAND_ON_WAIT_S and has not returned yet
 _unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
 _unarm_lock = threading.Lock()
 _exit_hooked = False    # in a driver: unarm_job is registered for its exit
-REGISTERED_WAIT_S = 1.0  # a hand-off to a detached actor: until GCS has taken its creation
 STOPPED_ASK_S = 0.5     # a stopped driver's one request to remove its job's keys
 
 
@@ -139,58 +124,20 @@ def _on_kill(wrapped, instance, args, kwargs):
 
 
 def _watch_ending(handle, requested_at):
-    """An actor told to end: not asked to finalize at exit, watched until it and its descendants are gone.
-    Told by an actor: handed on (the module docstring says why), once for each actor."""
+    """An actor told to end: not asked to finalize at exit; by a driver, watched until it and its
+    descendants are gone. By an actor, nothing more: the actor's guard on its node ends it and its
+    processes (ray_guard.py), however this actor ends, and the call asks GCS nothing."""
     try:
         info = _known.get(handle._ray_actor_id.hex())  # its learned record: no GCS request to locate it
         _forget(handle)
         _unarm(handle._ray_actor_id.hex())
         if ray_worker.in_actor():
-            _hand_on_at_once(handle, requested_at, info)
             return
         ending = _Ending(handle, requested_at, info=info)
         registry.record(KIND, ending)  # the exit waits for it (see finalize_collected)
         threads.run_soon(ending.locate)
     except Exception:
         log.debug_exception("could not watch the actor being ended")
-
-
-def _hand_on_at_once(handle, requested_at, info):
-    """Hand the ending on before the call that ended it returns: an actor may be killed as soon as it has.
-    With the actor's learned record (`info`), that asks GCS nothing: a line to this actor's reaper
-    (ray_reaper.hand_off). Without it, a runner looks the actor up, and the caller waits HAND_ON_WAIT_S
-    at most, and not at all while an earlier lookup is unanswered: a GCS that does not answer holds one
-    call that long, not every call. What is not handed on is watched here while this actor lives."""
-    global _gcs_silent
-    actor_id = handle._ray_actor_id.hex()
-    if actor_id in _handed_on:
-        return
-    _handed_on.add(actor_id)
-    ending = _Ending(handle, requested_at, info=info)
-    if info is not None:
-        _hand_on(ending, handle, requested_at)
-        return
-    handled = threading.Event()
-
-    def hand_on():
-        global _gcs_silent
-        try:
-            _hand_on(ending, handle, requested_at)
-        finally:
-            _gcs_silent = False
-            handled.set()
-
-    threads.run_soon(hand_on)
-    if not handled.wait(0.0 if _gcs_silent else HAND_ON_WAIT_S):
-        _gcs_silent = True
-
-
-def _hand_on(ending, handle, requested_at):
-    ending.locate(watch=False)
-    if not ending.done and not _hand_off([ending], time.monotonic() + config.RAY_GRACE):
-        watched = _Ending(handle, requested_at, info=ending.info)
-        registry.record(KIND, watched)
-        watched.locate()
 
 
 def _forget(actor):
@@ -273,79 +220,34 @@ def finalize_collected(timeout):
     ending = [o for o in objs if isinstance(o, _Ending)]
     ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
-    handed = 0
     try:
         for actor in ending:
             actor.locate()
-        if ray_worker.in_actor():  # its end comes at its grace: what it watches here must outlive it
-            handed = _hand_off(ending, deadline)
-        # The actors' grace, then their descendants' (ray_reaper's rule).
+        # The actors' grace, then their descendants' (the rule of ray_guard.py).
         until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
             time.sleep(0.05)
     finally:
         ray_worker.restore_ray_abort()
+        if ray_worker.in_actor():  # its end comes at its grace; the guards go on with what is left
+            _cancel_tasks(ending)
     idle = len(objs) - len(ending)
     trees = [f"{actor.class_name} {actor.actor_id[:8]} (pid {actor.pid}): {actor.ended} descendant(s) ended"
              for actor in ending if actor.ended]
-    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")
-                      + (f", {handed} handed to a reaper process" if handed else "")] + trees)
+    return "; ".join([f"{len(ending)} actor(s) ended" + (f", {idle} with nothing recorded left to Ray" if idle else "")]
+                     + trees)
 
 
-def _hand_off(ending, deadline):
-    """The endings still under way are handed on; how many actors. On this node to ray_reaper.hand_off;
-    on another to a detached actor there (its task dies with this actor). One a runner is still
-    locating is waited for: until it has its pid, it is no ending to hand on. What cannot be handed
-    on is watched here for as long as this actor lives."""
+def _cancel_tasks(ending):
+    """The tasks still ending actors on other nodes: Ray's exit of an actor would wait for its tasks."""
     import ray
 
     for actor in ending:
-        actor.located.wait(max(0.0, deadline - time.monotonic()))
-    under_way = {actor.actor_id: actor for actor in ending if not actor.done and actor.pid}
-    here = [a for a in under_way.values() if not a.elsewhere]
-    handed = set()
-    if here:
-        try:
-            hand_off([(a.pid, a.not_after, a.requested_at + config.RAY_GRACE, a.actor_id, a.tree) for a in here],
-                     config.RAY_GRACE)
-            handed.update(a.actor_id for a in here)
-        except Exception:
-            log.debug_exception("could not hand on the endings on this node")
-    for a in under_way.values():
-        if a.elsewhere and _hand_on_elsewhere(a):
-            handed.add(a.actor_id)
-    for actor in ending:
-        if actor.actor_id in handed:
-            if actor.kill_task is not None:  # Ray's exit of this actor would wait for it
-                try:
-                    ray.cancel(actor.kill_task, force=True)
-                except Exception:
-                    log.debug_exception("could not cancel the task ending actor %s", actor.actor_id[:8])
-            actor.finish()
-    return len(handed)
-
-
-def _hand_on_elsewhere(actor):
-    """Its ending to a detached actor on its node; done once GCS has taken that actor's creation.
-    GCS drops a detached actor whose owner died before the creation reached it (its registration
-    comes first, the creation after `.remote()` returns), and this actor may be killed as soon as
-    the call that ended the other returns: so the call waits for it (a GCS request or two, ms),
-    REGISTERED_WAIT_S at most. Ray restarts one whose worker died while it was created
-    (ray_reaper.detached_kill_on)."""
-    import ray._private.state
-
-    try:
-        reaper = detached_kill_on(actor.node_id).remote(actor.pid, actor.not_after,
-                                                        actor.requested_at + config.RAY_GRACE, actor.signum,
-                                                        actor.actor_id, config.RAY_GRACE)
-        until, reaper_id = time.monotonic() + REGISTERED_WAIT_S, reaper._ray_actor_id.hex()
-        while (ray._private.state.actors(reaper_id) or {}).get("State") in (None, "DEPENDENCIES_UNREADY") \
-                and time.monotonic() < until:
-            time.sleep(0.002)
-        return True
-    except Exception:
-        log.debug_exception("could not hand on the ending of actor %s", actor.actor_id[:8])
-        return False
+        if actor.kill_task is not None and not actor.done:
+            try:
+                ray.cancel(actor.kill_task, force=True)
+            except Exception:
+                log.debug_exception("could not cancel the task ending actor %s", actor.actor_id[:8])
 
 
 def _with_processes(actor_ids, now, announced):
@@ -407,17 +309,16 @@ class _Ending:
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = self.node_id = None
-        self.elsewhere = False   # on another node: ended from there (a task, or a detached actor)
+        self.elsewhere = False   # on another node: ended from there (a task)
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
         self.done = False
-        self.located = threading.Event()  # locate() has run: pid, tree or kill_task known (or done)
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
-    def locate(self, watch=True):
-        """Find the actor's process (GCS keeps it after DEAD) and signal it; with `watch` (in a runner),
-        watch it, through a task there if it is on another node."""
+    def locate(self):
+        """Find the actor's process (GCS keeps it after DEAD), signal it, and watch it, through a task
+        there if it is on another node."""
         import ray
         import ray._private.state
 
@@ -434,24 +335,18 @@ class _Ending:
             self.node_id = node_id = info.get("Address", {}).get("NodeID")
             self.elsewhere = bool(node_id) and node_id != ray.get_runtime_context().get_node_id()
             if self.elsewhere:
-                if watch:
-                    self.kill_task = remote_kill_on(node_id).remote(
-                        pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
-                        config.RAY_GRACE)
+                self.kill_task = remote_kill_on(node_id).remote(
+                    pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
+                    config.RAY_GRACE)
             else:
-                # Its descendants, looked at now, unless this is a hand-off to a running reaper, which
-                # looks as soon as it reads it: the caller is spared psutil's scan (2-15 ms).
-                self.tree = descendants(pid, self.not_after) if watch or not reaper_running() else []
+                self.tree = descendants(pid, self.not_after)  # its descendants, looked at now
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
-            if watch:
-                self.watch()
+            self.watch()
         except Exception:
             log.debug_exception("ending actor %s failed", self.actor_id[:8])
             self.finish()
-        finally:
-            self.located.set()
 
     def watch(self):
         if not self.poll():
@@ -496,9 +391,10 @@ class _Ending:
                 killed = kill_if_same_process(self.pid, self.not_after)
             elif kill_if_same_process(self.pid, self.not_after, 0):  # signal 0: still there?
                 return False
-            self.tree = signal_running(descendants(self.pid, self.not_after, self.actor_id, self.tree, clock()),
-                                       signal.SIGTERM)
-            self.ended, self.tree_due = len(self.tree), time.monotonic() + config.RAY_GRACE
+            # Counted as they were when it was told to end: its guard may have ended some already.
+            found = descendants(self.pid, self.not_after, self.actor_id, self.tree, clock())
+            self.tree = signal_running(found, signal.SIGTERM)
+            self.ended, self.tree_due = len(found), time.monotonic() + config.RAY_GRACE
         if killed:
             log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
                         self.actor_id[:8], self.pid, time.time() - self.requested_at,

@@ -28,7 +28,7 @@ import time
 
 from .. import config, engine, forksafe, log, registry, signals, threads
 from ..patches import Patches
-from . import patches_of, ray_reaper
+from . import patches_of, ray_guard
 
 SIGTERM_CODE = 128 + 15
 RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
@@ -41,7 +41,7 @@ stopped = False   # a SIGTERM came while something was recorded (ray_driver: end
 _tearing = False  # the teardown has begun
 _done = False     # it has run: Ray's handler goes on as without us
 _deferred = False # Ray's abort after a SIGTERM waits for our teardown
-_marked = False   # ray_reaper.mark() was called (or this is no actor)
+_marked = False   # ray_guard.mark() was called (or this is no actor)
 _started = False  # this actor announced a process it started
 forked = False    # a fork child: Ray's clients are not its own, and it is no actor (_after_fork_in_child)
 
@@ -55,7 +55,7 @@ def patch(patches: Patches) -> None:
     patches.wrap(ray._private.utils, "set_sigterm_handler", _chain_sigterm_handler)
     patches.wrap(ray._private.function_manager.FunctionActorManager, "_make_actor_method_executor",
                  _on_make_executor)
-    engine.when_armed(_announce)
+    engine.when_armed(_on_armed)
 
 
 def in_actor():
@@ -87,15 +87,32 @@ def _announce(value=b""):
         log.debug_exception("could not announce this actor")
 
 
+def _on_armed():
+    """The first record: registered with the node's guard (ray_guard.py) and announced, off the caller's path."""
+    threads.run_soon(lambda: (_watch(), _announce()))
+
+
+def _watch():
+    try:
+        if in_actor():
+            import ray
+
+            ray_guard.watch(ray._private.worker.global_worker.actor_id.hex(), config.RAY_GRACE)
+    except Exception:
+        log.debug_exception("could not register this actor with its guard")
+
+
 def _on_process_started(wrapped, instance, args, kwargs):
-    """subprocess.Popen and multiprocessing's start(), in an actor: announced once, before it goes on;
-    not a reaper (never an actor's process, ray_reaper.py), nor in its teardown, when the actor is ending
-    already and a GCS request costs its budget."""
+    """subprocess.Popen and multiprocessing's start(), in an actor: the first registers the actor with its
+    node's guard before it starts (it ends what this starts, however the actor ends) and is announced
+    after; not the guard's own start, nor in the teardown, when the actor is ending already."""
     global _started
-    result = wrapped(*args, **kwargs)
-    reaper = (kwargs.get("env") or {}).get(ray_reaper.MARKER) == ray_reaper.REAPER
-    if not _started and not _tearing and not reaper:
+    first = not _started and not _tearing and (kwargs.get("env") or {}).get(ray_guard.MARKER) != ray_guard.GUARD
+    if first:
         _started = True
+        _watch()
+    result = wrapped(*args, **kwargs)
+    if first:
         _announce(STARTED)
     return result
 
@@ -162,6 +179,7 @@ def _teardown(interrupted):
     if _tearing:
         return
     _tearing = True
+    ray_guard.due(time.time() + config.RAY_GRACE + 0.5)  # a backup to the watch of whoever ended it, if any
     code = train_exit_code()
     code = SIGTERM_CODE if code is None and interrupted else code
     try:
@@ -202,8 +220,8 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 
 
 def _mark():
-    """Before the actor's first method (its __init__): what it starts carries its id (ray_reaper.py),
-    and its first process is announced."""
+    """Before the actor's first method (its __init__): what it starts carries its id (ray_guard.py),
+    and its first process registers it with its guard."""
     global _marked
     _marked = True
     try:
@@ -213,7 +231,7 @@ def _mark():
 
             import ray
 
-            ray_reaper.mark(ray._private.worker.global_worker.actor_id.hex())
+            ray_guard.mark(ray._private.worker.global_worker.actor_id.hex())
             patches = patches_of("ray")
             if patches is not None:
                 patches.wrap(subprocess.Popen, "__init__", _on_process_started)
@@ -242,7 +260,7 @@ def _after_fork_in_child():
     forked = _started = _done = True
     _asked = stopped = _tearing = _deferred = False
     _in_method = 0
-    ray_reaper.after_fork_in_child()
+    ray_guard.after_fork_in_child()
 
 
 forksafe.register(__name__, _after_fork_in_child)

@@ -1,7 +1,8 @@
 """On the cluster at RAY_ADDRESS: three actors each start a process (so each says so in GCS,
 ray_worker.ARMED); the driver ends one with ray.kill, one with __ray_terminate__, and leaves the
 third to its exit (or, with `stopped`, prints READY and waits for the test's SIGTERM). Prints KEYS_MADE: the namespace's key count once the three started, ENDED_LEFT:
-how many of the ended actors' keys are left 5 s (at most) later, PIDS: the actors'."""
+how many of the ended actors' keys are left 5 s (at most) later, PIDS: the actors', CHILDREN:
+their processes, JOB: the job's id. The workers get NW_RUN (the test's run id) in their environment."""
 
 import os
 import subprocess
@@ -17,16 +18,19 @@ ARMED = b"autoteardown-armed"
 class Starter:
     def start(self):
         self.child = subprocess.Popen(["sleep", "60"])
-        return os.getpid()
+        return os.getpid(), self.child.pid
 
 
 def keys():
     return ray._private.worker.global_worker.gcs_client.internal_kv_keys(b"", ARMED, timeout=10)
 
 
-ray.init()
+ray.init(runtime_env={"env_vars": {"NW_RUN": os.environ.get("NW_RUN", "")}})
+print(f"JOB: {ray.get_runtime_context().get_job_id()}", flush=True)
 actors = [Starter.remote() for _ in range(3)]
-print(f"PIDS: {' '.join(str(pid) for pid in ray.get([actor.start.remote() for actor in actors]))}", flush=True)
+started = ray.get([actor.start.remote() for actor in actors])
+print(f"PIDS: {' '.join(str(pid) for pid, _ in started)}", flush=True)
+print(f"CHILDREN: {' '.join(str(child) for _, child in started)}", flush=True)
 print(f"KEYS_MADE: {len(keys())}", flush=True)
 ended = [actor._ray_actor_id.hex() for actor in actors[:2]]
 ray.kill(actors[0])

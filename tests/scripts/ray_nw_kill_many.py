@@ -4,7 +4,7 @@ or both in turn), timing each call; with STOP_GCS=1 the Ray gcs_server this scri
 stopped (SIGSTOP) during the calls and continued (SIGCONT) after them.
 
 Prints PIDS: the actors' pids, CHILDREN: their children, CALL_MS: one figure a call, and
-REAPERS: <count> <RSS MB> of the reaper processes (ray_reaper.py, MARKER=reaper) of this run
+GUARDS: <count> <RSS MB> of the guard processes (ray_guard.py, MARKER=guard) of this run
 alive right after the last call. The driver then ends at once."""
 
 import os
@@ -21,16 +21,16 @@ N = int(os.environ.get("N", "40"))
 HOW = os.environ.get("HOW", "kill")
 CHILD = os.environ.get("CHILD") == "1"
 LEARN_S = float(os.environ.get("LEARN_S", "3"))
-os.environ.setdefault("NW_RUN", uuid.uuid4().hex)  # inherited by Ray's workers, and so by the reapers
-MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"  # ray_reaper.MARKER (the script runs without the shim too)
+os.environ.setdefault("NW_RUN", uuid.uuid4().hex)  # inherited by Ray's workers, and so by the guards
+MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"  # ray_guard.MARKER (the script runs without the shim too)
 
 
-def reapers():
+def guards():
     found = []
     for process in psutil.process_iter():
         try:
             env = process.environ()
-            if env.get(MARKER) == "reaper" and env.get("NW_RUN") == os.environ["NW_RUN"]:
+            if env.get(MARKER) == "guard" and env.get("NW_RUN") == os.environ["NW_RUN"]:
                 found.append(process.memory_info().rss)
         except psutil.Error:
             pass
@@ -77,7 +77,7 @@ class Controller:
         finally:
             if gcs_pid:
                 os.kill(gcs_pid, signal.SIGCONT)
-        return took, reapers()
+        return took, guards()
 
 
 def gcs_server():
@@ -97,4 +97,4 @@ print(f"PIDS: {' '.join(str(pid) for pid, _ in started)}", flush=True)
 print(f"CHILDREN: {' '.join(str(child) for _, child in started if child)}", flush=True)
 took, (count, rss) = ray.get(controller.end_all.remote(gcs_server() if os.environ.get("STOP_GCS") == "1" else None))
 print(f"CALL_MS: {' '.join(f'{ms:.2f}' for ms in took)}", flush=True)
-print(f"REAPERS: {count} {rss:.0f}", flush=True)
+print(f"GUARDS: {count} {rss:.0f}", flush=True)

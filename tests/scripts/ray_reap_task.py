@@ -1,4 +1,4 @@
-"""The zero-CPU task the reaper pins to another node, run against this node: it
+"""The zero-CPU task a driver pins to another node, run against this node: it
 kills an actor that hangs after __ray_terminate__ (autoteardown itself disabled)."""
 
 import os
@@ -8,7 +8,7 @@ import ray
 
 from procs import running
 
-from autoteardown.integrations.ray_reaper import remote_kill_on
+from autoteardown.integrations.ray_guard import remote_kill_on
 
 ray.init()
 

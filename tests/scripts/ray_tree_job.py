@@ -12,8 +12,9 @@ ENDING: end (the driver's script just ends), sigterm (waits for the test's SIGTE
 (the same, the SIGTERM sent to the driver's process group),
 shutdown (ray.shutdown(), then the driver waits 2 x grace before it ends), terminate
 (`__ray_terminate__`, then the same wait), hang (the same, the actor's exit hangs), kill
-(`ray.kill`, the same wait), crash (the actor os._exit()s, the same wait), segfault (the
-actor reads address 0, the same wait), nested (an actor,
+(`ray.kill`, the same wait), crash (the actor os._exit()s; the driver, still running, prints
+TREE_GONE: the ms from the crash until the tree is gone, then the same wait), segfault
+(the actor reads address 0, the same), nested (an actor,
 Holder, created the Engine and keeps it busy: it sends the Engine `__ray_terminate__`, and the
 driver at once sends Holder one, then the same wait), dropped (the same, but the driver then
 drops its handle to Holder, which Ray kills with no Python hook: Ray Train v1's trial actor's end
@@ -81,6 +82,10 @@ class Engine:
         return os.getpid(), [p.pid for p in psutil.Process().children(recursive=True)]
 
     def busy(self):
+        if ENDING in ("crash", "segfault"):
+            time.sleep(2)  # after READY: the driver sees the crash while it runs
+            with open(os.path.join(os.environ["TREE_DIR"], "crashed"), "w") as file:
+                file.write(str(time.time()))
         if ENDING == "crash":
             os._exit(1)
         if ENDING == "segfault":
@@ -135,6 +140,25 @@ elif ENDING in ("nested", "dropped"):
         del holder  # its last handle: Ray kills it at once, no Python runs in it
 elif ENDING == "kill":
     ray.kill(engine)
+elif ENDING in ("crash", "segfault"):
+    import psutil
+
+    try:
+        ray.get(busy)
+    except Exception:  # the actor died
+        pass
+    with open(os.path.join(os.environ["TREE_DIR"], "crashed")) as file:
+        crashed = float(file.read())
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    while any(running(pid) for pid in tree) and time.time() < crashed + 4 * GRACE + 30:
+        time.sleep(0.02)
+    say(f"TREE_GONE: {(time.time() - crashed) * 1000:.0f}")
 if ENDING != "end":
     time.sleep(2 * GRACE)
 say("DONE")

@@ -1,0 +1,384 @@
+"""One guard a node a job: when an actor's process is gone, by any ending, so is every process it started.
+
+The rule: when an actor's process ends, no process it started is left running. Its descendants,
+however deep and whatever their session or process group, get SIGTERM once the actor is gone (an
+engine releases its devices in its own handler; the actor's own teardown still had them) and
+SIGKILL AUTOTEARDOWN_RAY_GRACE_S later. A process is the actor's if it was under the actor by
+parent chain when it was last looked at, or if it carries the actor's id in its environment
+(MARKER: set in the actor before its first method, inherited by whatever it starts, and kept by a
+process its parent's death left with PID 1), and in both cases was created after the actor (and,
+for the id, before it was gone: a restarted actor keeps its id). The guard is never an actor's
+(GUARD is its MARKER). Every signal first checks the process's creation time, so a reused pid is
+never signalled.
+
+Who applies it: the guard of the actor's job on the actor's node, a process in a session of its
+own (started through a shell that exits at once: Ray SIGKILLs an exiting actor's direct children).
+An actor registers with it (`watch`) when it first records something or starts a process; the
+guard holds a pidfd of the actor, so it learns of every ending the same way: the actor ends,
+crashes, is SIGKILLed or `ray.kill`ed, or its driver goes. An actor that begins its teardown says
+when it must be gone (`due`), and the guard kills it then if it is still there. The guard ignores
+SIGTERM and SIGINT (a scheduler's stop reaches every process at once: it outlives the actors to
+end their trees) and exits when it has no actor and no tree left. Its socket's name is abstract,
+keyed on the user, the node's raylet and the job, so that two jobs never share one.
+
+Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
+(RAY_process_group_cleanup_enabled) miss anything started in a new session. What is left is ours.
+
+`_make()` builds the functions so that cloudpickle ships them by value: they also run in a
+zero-CPU task on the actor's node, where autoteardown may not be installed.
+"""
+
+import os
+import threading
+import time
+
+MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
+GUARD = "guard"  # MARKER's value in the guard's process: no actor id
+LINGER_S = 1.0  # an idle guard waits this long for a new actor before it exits
+
+
+def mark(actor_id: str) -> None:
+    """In the actor: what it starts from now on carries its id (the environment is inherited)."""
+    os.environ[MARKER] = actor_id
+
+
+def _make():
+    def kill_if_same_process(pid, not_after, signum=9):
+        """Send `signum` (SIGKILL) to `pid` if still the Ray worker that existed at `not_after`; 0 only asks."""
+        import os
+
+        import psutil
+
+        try:
+            process = psutil.Process(pid)
+            command = " ".join(process.cmdline())
+            # A reused pid belongs to a process created after the request.
+            if process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
+                    "ray::" not in command and "default_worker.py" not in command):
+                return False
+            os.kill(pid, signum)
+            return True
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            return False
+
+    def clock():
+        """Now, on the clock of psutil's creation times (boot time, whole seconds, plus uptime):
+        a process started after a reading never shows an earlier creation time, as it can against
+        time.time()."""
+        import time
+
+        import psutil
+
+        try:
+            return psutil.boot_time() + time.clock_gettime(time.CLOCK_BOOTTIME)
+        except (AttributeError, OSError):  # no CLOCK_BOOTTIME (not Linux)
+            return time.time()
+
+    def descendants(pid, not_after, actor_id=None, known=(), gone_at=None):
+        """(pid, creation time) of the actor's processes (the module's rule) and of `known` (an
+        earlier look); the actor is `pid` if it existed at `not_after`. A marked process created
+        after `gone_at` (when the actor was seen gone, on `clock()`) is a restarted actor's (same
+        id), not its."""
+        import psutil
+
+        found = dict(known)
+        born = 0.0
+        try:
+            root = psutil.Process(pid)
+            if root.create_time() <= not_after:  # not a reused pid
+                born = root.create_time()
+                for child in root.children(recursive=True):
+                    try:
+                        if child.environ().get(MARKER) != GUARD:
+                            found[child.pid] = child.create_time()
+                    except psutil.Error:
+                        pass
+        except psutil.Error:  # gone: its id and the earlier look tell its processes
+            pass
+        if actor_id:
+            for process in psutil.process_iter():
+                try:
+                    created = process.create_time()
+                    # Creation times are whole clock ticks (10 ms): one tick before `gone_at` is after it.
+                    if process.pid == pid or process.pid in found or created < born or (
+                            gone_at is not None and created > gone_at - 0.01):
+                        continue
+                    if process.environ().get(MARKER) == actor_id:
+                        found[process.pid] = created
+                except psutil.Error:
+                    pass
+        return sorted(found.items())
+
+    def signal_running(tree, signum):
+        """Send `signum` to each process of `tree` still running as itself (0: none); those still running."""
+        import os
+
+        import psutil
+
+        running = []
+        for pid, created in tree:
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() != created or process.status() == psutil.STATUS_ZOMBIE:
+                    continue
+                if signum:
+                    os.kill(pid, signum)
+                running.append((pid, created))
+            except (psutil.Error, ProcessLookupError):
+                pass
+        return running
+
+    def end_tree(tree, grace):
+        """SIGTERM, then SIGKILL after `grace` what is still running."""
+        import time
+
+        running = signal_running(tree, 15)
+        until = time.monotonic() + grace
+        left = running
+        while left and time.monotonic() < until:
+            time.sleep(0.05)
+            left = signal_running(left, 0)
+        signal_running(left, 9)
+
+    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0, known=()):
+        """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
+        then end its descendants (with `known`, an earlier look). (Was it killed, how many it had.)"""
+        import time
+
+        tree = descendants(pid, not_after, None, known)
+        if signum:
+            kill_if_same_process(pid, not_after, signum)
+        killed = False
+        while time.time() < due:
+            if not kill_if_same_process(pid, not_after, 0):
+                break
+            time.sleep(0.05)
+        else:
+            killed = kill_if_same_process(pid, not_after)
+        found = descendants(pid, not_after, actor_id, tree, clock())
+        end_tree(found, grace)
+        return killed, len(found)  # as they were when it was told to end: its guard may have ended some
+
+    return kill_if_same_process, clock, descendants, signal_running, kill_when_due
+
+
+kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
+
+
+def remote_kill_on(node_id):
+    """`kill_when_due` as a zero-CPU task pinned to that node (a driver's watch of an actor there)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(kill_when_due)
+    return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
+
+
+
+
+# ---- the actor's side: registration -------------------------------------------
+
+_link: dict = {}  # this process's registration: "pid" (the process it is for), "sock" (its connection)
+_link_lock = threading.Lock()
+REGISTER_WAIT_S = 2.0  # a guard's start (python -S, psutil) and its first answer
+
+
+def watch(actor_id: str, grace: float, wait: float = REGISTER_WAIT_S) -> bool:
+    """In an actor: registered with its job's guard on this node, started if there is none. Once a
+    process; False if no guard took it within `wait` (the driver's exit still ends its processes)."""
+    with _link_lock:
+        if _link.get("pid") == os.getpid():
+            return True
+        name = _name(actor_id)
+        until, start_at = time.monotonic() + wait, 0.0
+        while time.monotonic() < until:
+            sock = _register(name, actor_id, grace, until)
+            if sock is not None:
+                _link.update(pid=os.getpid(), sock=sock)
+                return True
+            if time.monotonic() >= start_at:  # none, or one exiting as this came: a new one
+                _start(name)
+                start_at = time.monotonic() + 0.5
+            time.sleep(0.01)
+        return False
+
+
+def due(at: float) -> None:
+    """In a registered actor that is ending: it must be gone at `at` (wall clock), or the guard kills it."""
+    sock = _link.get("sock") if _link.get("pid") == os.getpid() else None
+    if sock is not None:
+        try:
+            sock.send(f"due {at}\n".encode())
+        except OSError:  # the guard is gone: nothing to tell
+            pass
+
+
+def after_fork_in_child() -> None:
+    """A fork child is no actor: the inherited connection is closed here (the parent's stays open)."""
+    global _link_lock
+    _link_lock = threading.Lock()
+    sock = _link.pop("sock", None)
+    _link.clear()
+    if sock is not None:
+        sock.close()
+
+
+def _name(actor_id):
+    """The guard's abstract socket: this user's, this node's (its raylet), this job's (an actor id ends with it)."""
+    return f"\0autoteardown-guard-{os.getuid()}-{os.environ.get('RAY_RAYLET_PID', '')}-{actor_id[-8:]}"
+
+
+def _register(name, actor_id, grace, until):
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(0.01, until - time.monotonic()))
+        sock.connect(name)
+        sock.sendall(f"watch {actor_id} {grace}\n".encode())
+        if sock.recv(3) == b"ok\n":  # taken: a guard that was exiting as this came closes instead
+            sock.setblocking(False)  # `due` runs in a signal handler: it never waits
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
+def _start(name):
+    """In the background, by a shell that exits at once, in a session of its own, marked as the guard
+    (so no actor's process), without `site` (-S), so that no sitecustomize, and no autoteardown, slows it.
+    Two actors may start one each at once: the second cannot take the name, and exits."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, MARKER: GUARD}
+    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
+    guard = [sys.executable, "-S", os.path.abspath(__file__), name[1:]]  # an argument holds no NUL
+    try:
+        subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *guard], env=env, start_new_session=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+# ---- the guard ----------------------------------------------------------------
+
+def serve(name):
+    """The guard's loop: each registered actor watched through a pidfd (where the kernel has none, a
+    poll of its pid and creation time); when one is gone, its tree gets SIGTERM, and SIGKILL at its
+    grace; an actor past its `due` is killed. Exits once it has had no actor and no tree for LINGER_S."""
+    import selectors
+    import signal
+    import socket
+    import struct
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)
+    except OSError:  # another guard has it
+        return
+    listener.listen(128)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, None)
+    actors = {}  # pid -> {"created", "actor_id", "grace", "pidfd", "due", "known"}
+    trees = []   # [processes still running, SIGKILL at (monotonic)]
+    idle_since = time.monotonic()
+
+    def take(conn, line):
+        word, _, rest = line.partition(" ")
+        if word == "watch":
+            import psutil
+
+            actor_id, grace = rest.split()
+            pid = struct.unpack("3i", conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+            try:
+                created = psutil.Process(pid).create_time()
+                pidfd = os.pidfd_open(pid)
+            except (AttributeError, OSError):  # no pidfd here: polled
+                pidfd = None
+            except psutil.Error:  # gone already: its tree by its id
+                created, pidfd = 0.0, None
+            actors[pid] = {"created": created, "actor_id": actor_id, "grace": float(grace), "pidfd": pidfd,
+                           "due": None, "known": ()}
+            if pidfd is not None:
+                selector.register(pidfd, selectors.EVENT_READ, pid)
+            conn.sock.send(b"ok\n")
+            return pid
+        if word == "due" and conn.pid in actors:
+            entry = actors[conn.pid]
+            entry["due"], entry["known"] = float(rest), descendants(conn.pid, entry["created"])
+        return conn.pid
+
+    def gone(pid):
+        entry = actors.pop(pid)
+        if entry["pidfd"] is not None:
+            selector.unregister(entry["pidfd"])
+            os.close(entry["pidfd"])
+        tree = descendants(pid, entry["created"], entry["actor_id"], entry["known"], clock())
+        running = signal_running(tree, signal.SIGTERM)
+        if running:
+            trees.append([running, time.monotonic() + entry["grace"]])
+
+    class Conn:
+        def __init__(self, sock):
+            self.sock, self.pid, self.buffer = sock, None, b""
+
+    while True:
+        for key, _ in selector.select(0.1 if trees or any(e["pidfd"] is None for e in actors.values()) else 0.5):
+            if key.data is None:
+                sock, _ = listener.accept()
+                sock.setblocking(False)
+                selector.register(sock, selectors.EVENT_READ, Conn(sock))
+            elif isinstance(key.data, Conn):
+                conn = key.data
+                try:
+                    data = conn.sock.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:  # the actor's end of it closed: its pidfd says when it is gone
+                    selector.unregister(conn.sock)
+                    conn.sock.close()
+                    continue
+                *lines, conn.buffer = (conn.buffer + data).split(b"\n")
+                for line in lines:
+                    try:
+                        conn.pid = take(conn, line.decode())
+                    except Exception:  # a line cut short, an actor gone as it spoke: the guard goes on
+                        pass
+            elif key.data in actors:
+                gone(key.data)
+        now, wall = time.monotonic(), time.time()
+        for pid, entry in list(actors.items()):
+            if entry["pidfd"] is None and not signal_running([(pid, entry["created"])], 0):
+                gone(pid)
+            elif entry["due"] is not None and wall >= entry["due"]:
+                entry["due"] = None  # killed once; its pidfd then says it is gone
+                if entry["pidfd"] is not None:
+                    try:
+                        signal.pidfd_send_signal(entry["pidfd"], signal.SIGKILL)
+                    except OSError:  # exited as this came: its pidfd says so
+                        pass
+                else:
+                    signal_running([(pid, entry["created"])], signal.SIGKILL)
+        for tree in list(trees):
+            tree[0] = signal_running(tree[0], 0)
+            if tree[0] and now >= tree[1]:
+                signal_running(tree[0], signal.SIGKILL)
+            if not tree[0] or now >= tree[1]:
+                trees.remove(tree)
+        if actors or trees or len(selector.get_map()) > 1:
+            idle_since = now
+        elif now - idle_since >= LINGER_S:
+            listener.close()
+            return
+
+
+if __name__ == "__main__":  # the guard
+    import sys
+
+    del sys.path[0]  # this file's folder: its modules are named as libraries are
+    serve(sys.argv[1])
