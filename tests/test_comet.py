@@ -55,6 +55,18 @@ def test_without_the_shim_a_sigterm_leaves_an_empty_archive(jobs):
     assert archives(jobs.dir) in ([], ["empty"])
 
 
+def test_an_end_under_way_when_the_teardown_takes_over_is_not_ended_again(jobs):
+    """A SIGTERM unwinds the script into its `finally: exp.end()`, whose archive upload takes
+    4.5 s; at half the deadline (3 s) the teardown takes over from a helper thread while that end
+    still runs. It waits for it and finds the experiment ended: the archive keeps every step and
+    comet prints no failure. A second end started meanwhile archives the removed data folder
+    again: comet's "Failed to properly clean the experiment" here, an archive rewritten with
+    experiment.json alone when it comes a moment earlier (Tune's driver, under load)."""
+    result = job(jobs, "slow_end", "sigterm", AUTOTEARDOWN_TIMEOUT="6", SLOW_END="4.5")
+    check(jobs, result, -15, [STEPS])
+    assert "Failed to properly clean" not in result.stderr, result
+
+
 def test_an_experiment_started_before_autoteardown_was_imported(jobs):
     check(jobs, job(jobs, "late_import", "sigterm", shim=False, PYTHONPATH=ROOT), -15, [STEPS])
 

@@ -37,10 +37,10 @@ EXPECTED = {
     "mlflow": {"mlflow.tracking.fluent.ActiveRun.__exit__"},
     "ray": {"ray.actor.ActorHandle._actor_method_call", "ray.actor.ActorClass._remote", "ray.actor.exit_actor",
             "ray.shutdown"},
-    "swanlab": {"swanlab.sdk.internal.run.Run.__init__"},
-    "trackio": {"trackio.run.Run.__init__"},
-    "comet": {"comet_ml.experiment.CometExperiment.__init__"},
-    "aim": {"aim.sdk.run.Run.__init__"},
+    "swanlab": {"swanlab.sdk.internal.run.Run.__init__", "swanlab.sdk.internal.run.Run.finish"},
+    "trackio": {"trackio.run.Run.__init__", "trackio.run.Run.finish"},
+    "comet": {"comet_ml.experiment.CometExperiment.__init__", "comet_ml.experiment.CometExperiment.end"},
+    "aim": {"aim.sdk.run.Run.__init__", "aim.sdk.run.Run.close"},
     "clearml": {"clearml.task.Task.init"},
 }
 

@@ -38,6 +38,49 @@ def test_recording_records_a_result_or_an_initialised_instance_and_never_raises(
     assert recording(record).__module__ == __name__  # the recording module's wrapper (unpatch, contract scan)
 
 
+# ---- OneEndAtATime: a tracker's ends, one at a time -----------------------------
+
+def test_an_end_under_way_is_waited_for_and_not_run_again():
+    """comet's end(), aim's close(), swanlab's and trackio's finish(): the program's end runs in
+    one thread; a finalize_one in another holds the object's lock, so it waits, then finds it ended."""
+    import threading
+    import time
+
+    import wrapt
+
+    from autoteardown.integrations import OneEndAtATime
+
+    ends, started = OneEndAtATime(), threading.Event()
+
+    class Run:
+        def __init__(self):
+            self.alive, self.calls = True, 0
+
+        def end(self):
+            self.calls += 1
+            started.set()
+            time.sleep(0.3)  # the end's work (an upload); alive turns False at its end, as comet's
+            self.alive = False
+
+    wrapt.wrap_function_wrapper(Run, "end", ends)
+    run, other = Run(), Run()
+
+    def finalize_one(obj):
+        with ends.held(obj):
+            if obj.alive:
+                obj.end()
+
+    program = threading.Thread(target=run.end)
+    program.start()
+    assert started.wait(5)
+    finalize_one(run)  # while the program's end runs
+    program.join(5)
+    assert run.calls == 1 and not run.alive
+    finalize_one(other)  # one nobody ended: ended once, re-entrantly under its own lock
+    assert other.calls == 1 and not other.alive
+    assert ends.held(object.__new__(type("Slotted", (), {"__slots__": ()}))) is not None  # no weak ref: no lock
+
+
 # ---- version_tuple, check_version ---------------------------------------------
 
 @pytest.mark.parametrize("text, expected", [

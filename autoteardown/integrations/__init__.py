@@ -195,6 +195,40 @@ def recording(record):
     return wrapper
 
 
+class OneEndAtATime:
+    """A wrapt wrapper for a tracker's own end method (the one its finalize_one calls), and the
+    lock finalize_one holds (`held`): the ends of one object run one at a time. The teardown can
+    end an object from another thread while the program ends it (a SIGTERM's take-over,
+    signals.py's rule 4, while the main thread still unwinds through a `finally: exp.end()` or
+    Tune's callbacks). finalize_one checks and ends under the lock, so whichever comes second
+    finds the object ended, instead of ending it again over the files the first has written and
+    removed. Re-entrant: finalize_one's end takes it again. One for each integration module,
+    made at its import (by one thread); a fork child inherits no end under way (the object is
+    the parent's, and is ended there)."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.locks: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+    def held(self, obj):
+        """The object's lock (a context manager); a null one for an object that cannot be a weak key."""
+        import _thread
+        import contextlib
+
+        try:
+            lock = self.locks.get(obj)
+            if lock is None:  # setdefault is atomic under the GIL: two first callers share one lock
+                lock = self.locks.setdefault(obj, _thread.RLock())
+        except TypeError:  # not weakly referable, or not hashable: as without us
+            return contextlib.nullcontext()
+        return lock
+
+    def __call__(self, wrapped, instance, args, kwargs):
+        with self.held(instance):
+            return wrapped(*args, **kwargs)
+
+
 def version_tuple(text: str) -> "tuple[int, ...]":
     """'2.13.0+cpu' -> (2, 13, 0), '2.0rc1' -> (2, 0): the release numbers, for range checks."""
     import re

@@ -22,9 +22,10 @@ import os
 
 from .. import registry
 from ..patches import Patches
-from . import kind_of, recording
+from . import OneEndAtATime, kind_of, recording
 
 KIND = kind_of(__name__)  # relies on AutoClean._finalizers (3.29) for a run made before us
+ENDS = OneEndAtATime()  # close(): ours and the program's never at once
 
 
 def patch(patches: Patches) -> None:
@@ -32,6 +33,7 @@ def patch(patches: Patches) -> None:
     from aim.sdk.run import Run
 
     patches.wrap(Run, "__init__", recording(_record))
+    patches.wrap(Run, "close", ENDS)
     for made in list(getattr(AutoClean, "_finalizers", ())):
         if isinstance(made, Run):
             _record(made)
@@ -43,10 +45,11 @@ def _record(run) -> None:
 
 
 def finalize_one(run, timeout: float) -> None:
-    lock = getattr(getattr(getattr(run, "_lock", None), "_sf_lock", None), "lock_file", None)
-    still_open = getattr(run, "_resources", None) is not None  # else closed: its lock released
-    repo = getattr(run, "repo", None)
-    run.close()
+    with ENDS.held(run):
+        lock = getattr(getattr(getattr(run, "_lock", None), "_sf_lock", None), "lock_file", None)
+        still_open = getattr(run, "_resources", None) is not None  # else closed: its lock released
+        repo = getattr(run, "repo", None)
+        run.close()
     _close_containers(repo, getattr(run, "hash", None))
     if lock is not None and still_open:
         try:

@@ -12,9 +12,10 @@ and a fork child's registry starts empty.
 
 from .. import registry
 from ..patches import Patches
-from . import kind_of, recording
+from . import OneEndAtATime, kind_of, recording
 
 KIND = kind_of(__name__)  # public names only; tested on 3.58
+ENDS = OneEndAtATime()  # end(): ours and the program's never at once
 
 
 def patch(patches: Patches) -> None:
@@ -22,14 +23,16 @@ def patch(patches: Patches) -> None:
     from comet_ml.config import get_running_experiment
 
     patches.wrap(experiment.CometExperiment, "__init__", recording(lambda exp: registry.record(KIND, exp)))
+    patches.wrap(experiment.CometExperiment, "end", ENDS)
     running = get_running_experiment()  # one made before we were imported
     if running is not None:
         registry.record(KIND, running)
 
 
 def finalize_one(exp, timeout: float) -> None:
-    if getattr(exp, "alive", False):  # else ended by the user, or it never started
-        exp.end()
+    with ENDS.held(exp):
+        if getattr(exp, "alive", False):  # else ended by the user, or it never started
+            exp.end()
 
 
 def describe(exp) -> str:

@@ -22,15 +22,17 @@ import traceback
 
 from .. import exitstatus, registry, signals
 from ..patches import Patches
-from . import kind_of, recording
+from . import OneEndAtATime, kind_of, recording
 
 KIND = kind_of(__name__)
+ENDS = OneEndAtATime()  # finish(): ours and the program's never at once
 
 
 def patch(patches: Patches) -> None:
     from swanlab.sdk.internal.run import Run, get_run
 
     patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
+    patches.wrap(Run, "finish", ENDS)
     try:  # a run started before we were imported
         registry.record(KIND, get_run())
     except RuntimeError:
@@ -48,15 +50,16 @@ def _state():
 
 
 def finalize_one(run, timeout: float) -> None:
-    if not run.alive:
-        return  # finished: by the user, by swanlab's excepthook or SIGINT handler
-    if threading.current_thread() is not threading.main_thread():
-        # finish() puts SIGINT's handler back when the run began in the main thread,
-        # which raises in ours; swanlab's handler, left in place, hands a later
-        # SIGINT to the one before it once the run has ended.
-        run._is_main_thread = False
-    state, error = _state()
-    run.finish(state=state, error=error)
+    with ENDS.held(run):
+        if not run.alive:
+            return  # finished: by the user, by swanlab's excepthook or SIGINT handler
+        if threading.current_thread() is not threading.main_thread():
+            # finish() puts SIGINT's handler back when the run began in the main thread,
+            # which raises in ours; swanlab's handler, left in place, hands a later
+            # SIGINT to the one before it once the run has ended.
+            run._is_main_thread = False
+        state, error = _state()
+        run.finish(state=state, error=error)
 
 
 def describe(run) -> str:

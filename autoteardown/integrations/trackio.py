@@ -19,9 +19,10 @@ import sys
 
 from .. import registry
 from ..patches import Patches
-from . import kind_of, recording
+from . import OneEndAtATime, kind_of, recording
 
 KIND = kind_of(__name__)
+ENDS = OneEndAtATime()  # finish(): ours and the program's never at once
 
 
 def patch(patches: Patches) -> None:
@@ -29,14 +30,16 @@ def patch(patches: Patches) -> None:
     from trackio.run import Run
 
     patches.wrap(Run, "__init__", recording(lambda run: registry.record(KIND, run)))
+    patches.wrap(Run, "finish", ENDS)
     run = context_vars.current_run.get()  # a run started before we were imported
     if run is not None:
         registry.record(KIND, run)
 
 
 def finalize_one(run, timeout: float) -> None:
-    if not run._stop_flag.is_set():  # set by finish(): the user's, or a tracker's
-        run.finish()
+    with ENDS.held(run):
+        if not run._stop_flag.is_set():  # set by finish(): the user's, or a tracker's
+            run.finish()
 
 
 def drop_exit_hook(_=None) -> None:

@@ -11,7 +11,9 @@ WHAT:    one (a run never ended); loader (the same, stepping a StatefulDataLoade
          global owns the run and ends it only in __del__); ray (verl's topology: a
          TaskRunner actor of a local Ray owns the run and a StatefulDataLoader with 2
          workers, the driver gets its result and ends; prints "ACTOR: pid");
-         late_import (the run starts before `import autoteardown`).
+         late_import (the run starts before `import autoteardown`); slow_end (comet: the
+         script ends the experiment in a `finally:`, and that end's archive upload, comet's
+         set_offline_zip_uploader, takes SLOW_END seconds).
 ENDING:  normal, raise, exit3, interrupt, sigterm (prints READY and waits): endings.py.
 
 Logs one scalar "loss" per step, STEPS steps of 0.1 s. Prints which autoteardown it
@@ -150,5 +152,10 @@ if what == "fork":
         sys.exit(0)  # a raw fork child ending through the normal exit path
     os.waitpid(child, 0)
     log(run, range(STEPS, 2 * STEPS))
-
+if what == "slow_end":
+    run.set_offline_zip_uploader(lambda path: time.sleep(float(os.environ["SLOW_END"])))
+    try:
+        endings.end(ending)
+    finally:
+        end(run)
 endings.end(ending)
