@@ -155,42 +155,57 @@ def python(code_or_args, *args, shim=True, env=None, timeout=90, input=None, pyt
                           env=environ, cwd=cwd, input=input, capture_output=True, text=True, timeout=timeout)
 
 
+def read_lines(proc, until, timeout):
+    """Read proc's stdout until a line for which until(line) is true, its end, or `timeout`: (the lines
+    read, the line that matched or None). A readline blocks until the script writes: the lines are
+    read in a thread, and at the timeout the script's tree is killed, which ends that read."""
+    lines, matched = [], []
+
+    def read():
+        for line in iter(proc.stdout.readline, ""):
+            lines.append(line)
+            if until(line):
+                matched.append(line)
+                return
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        kill_tree(proc.pid)
+        kill_pids(in_session(proc.pid))  # orphans that still hold its stdout
+        reader.join(30)
+    return lines, (matched[0] if matched else None)
+
+
 def wait_for_line(proc, prefix, timeout=60):
-    """Read stdout until a line starting with prefix; return it."""
-    deadline = time.monotonic() + timeout
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith(prefix):
-            return line, "".join(lines)
+    """Read stdout until a line starting with prefix; return it and what was read."""
+    lines, line = read_lines(proc, lambda line: line.startswith(prefix), timeout)
+    if line is not None:
+        return line, "".join(lines)
     kill_tree(proc.pid)
-    raise AssertionError(f"no {prefix!r} line; got {''.join(lines)!r}; stderr {proc.stderr.read()!r}")
+    try:
+        _, stderr = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # held open by a process in a session of its own
+        stderr = "(still held open)"
+    raise AssertionError(f"no {prefix!r} line; got {''.join(lines)!r}; stderr {stderr!r}")
 
 
 def read_until(proc, pattern, timeout=180):
     """Read stdout until a line matching `pattern` (re.search), its end or `timeout`: the text read."""
-    text, deadline = "", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        text += line
-        if not line or re.search(pattern, line):
-            break
-    return text
+    return "".join(read_lines(proc, lambda line: re.search(pattern, line), timeout)[0])
 
 
 def wait_for_ranks(proc, ranks=2, timeout=180):
     """Read a torchrun job's stdout until each rank has printed "READY <rank>"; the lines read."""
-    ready, seen, deadline = set(), [], time.monotonic() + timeout
-    while len(ready) < ranks and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
+    ready = set()
+
+    def all_ready(line):
         if line.startswith("READY"):
             ready.add(line.split()[1])
+        return len(ready) >= ranks
+
+    seen, _ = read_lines(proc, all_ready, timeout)
     assert ready == {str(rank) for rank in range(ranks)}, ("".join(seen), proc.poll())
     return seen
 
