@@ -7,6 +7,7 @@ new-session worker got SIGTERM first (it writes "released"), the driver's own pr
 
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -63,7 +64,13 @@ def reported_trees(jobs):
 
 
 def released(folder):
-    return [name for name in os.listdir(folder) if name.isdigit()]
+    """The pids of the new-session workers that got SIGTERM; each got it once (two watches, the
+    driver's and the guard's, each sending it: a handler that takes a second SIGTERM as "now"
+    would cut its own release short)."""
+    found = {name: (pathlib.Path(folder) / name).read_text().splitlines() for name in os.listdir(folder)
+             if name.isdigit()}
+    assert all(lines == ["released"] for lines in found.values()), found
+    return sorted(found)
 
 
 @pytest.mark.parametrize("ending", ENDINGS)

@@ -14,6 +14,8 @@ Train's controller): actors it ends really end, and live ones tear down first.
 - Either way a driver that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
   still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
   through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
+  It ends the actor's descendants once it is gone, unless the actor's guard has it (ray_guard.guarded):
+  then the guard signals them and the watch waits.
   An actor that ends actors can itself be ended first, even with no Python hook (Ray kills an actor
   whose last handle is dropped at once), so it watches nothing: the guard on the ended actor's node
   (ray_guard.py) ends it at its due time and its processes once it is gone.
@@ -29,7 +31,7 @@ import time
 from .. import config, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_guard import clock, descendants, kill_if_same_process, remote_kill_on, signal_running
+from .ray_guard import clock, descendants, guarded, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
 _collected: list = []  # what the engine handed us at exit: handles and _Ending
@@ -310,6 +312,7 @@ class _Ending:
         self.due = time.monotonic() + config.RAY_GRACE
         self.pid = self.kill_task = self.node_id = None
         self.elsewhere = False   # on another node: ended from there (a task)
+        self.guarded = False     # here, registered with its guard: the guard signals its descendants
         self.tree = []           # its descendants: looked at when located, signalled once it is gone
         self.tree_due = 0.0      # then: SIGKILL for what is left
         self.ended = 0           # how many descendants were running when it was gone
@@ -340,6 +343,7 @@ class _Ending:
                     config.RAY_GRACE)
             else:
                 self.tree = descendants(pid, self.not_after)  # its descendants, looked at now
+                self.guarded = guarded(pid, self.actor_id)
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid
@@ -393,7 +397,7 @@ class _Ending:
                 return False
             # Counted as they were when it was told to end: its guard may have ended some already.
             found = descendants(self.pid, self.not_after, self.actor_id, self.tree, clock())
-            self.tree = signal_running(found, signal.SIGTERM)
+            self.tree = signal_running(found, 0 if self.guarded else signal.SIGTERM)
             self.ended, self.tree_due = len(found), time.monotonic() + config.RAY_GRACE
         if killed:
             log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,

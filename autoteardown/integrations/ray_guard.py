@@ -18,7 +18,9 @@ guard holds a pidfd of the actor, so it learns of every ending the same way: the
 crashes, is SIGKILLed or `ray.kill`ed, or its driver goes. An actor that begins its teardown says
 when it must be gone (`due`), and the guard kills it then if it is still there. The guard ignores
 SIGTERM and SIGINT (a scheduler's stop reaches every process at once: it outlives the actors to
-end their trees) and exits when it has no actor and no tree left. Its socket's name is abstract,
+end their trees) and exits when it has no actor and no tree left. A registered actor's processes
+are signalled by its guard alone: a driver's watch asks it (`guarded`) and then only waits, so each
+gets one SIGTERM (a handler may take a second one as "stop now"). Its socket's name is abstract,
 keyed on the user, the node's raylet and the job, so that two jobs never share one.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
@@ -128,11 +130,34 @@ def _make():
                 pass
         return running
 
-    def end_tree(tree, grace):
-        """SIGTERM, then SIGKILL after `grace` what is still running."""
+    def guard_name(raylet_pid, actor_id):
+        """The guard's abstract socket: this user's, the node's (its raylet), the job's (an actor id ends with it)."""
+        import os
+
+        return f"\0autoteardown-guard-{os.getuid()}-{raylet_pid}-{actor_id[-8:]}"
+
+    def guarded(pid, actor_id):
+        """Has this actor (its process `pid`, running) registered with its guard? The guard then ends
+        its processes once it is gone, and another watch only waits for them: each gets one SIGTERM."""
+        import socket
+
+        import psutil
+
+        try:
+            raylet_pid = psutil.Process(pid).environ().get("RAY_RAYLET_PID", "")
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(0.5)
+                sock.connect(guard_name(raylet_pid, actor_id))
+                sock.sendall(f"has {actor_id}\n".encode())
+                return sock.recv(4) == b"yes\n"
+        except (OSError, psutil.Error):  # no guard (or none any more: it ended what it had)
+            return False
+
+    def end_tree(tree, grace, term=True):
+        """SIGTERM (unless `term` is False: another sends it), then SIGKILL after `grace` what is still running."""
         import time
 
-        running = signal_running(tree, 15)
+        running = signal_running(tree, 15 if term else 0)
         until = time.monotonic() + grace
         left = running
         while left and time.monotonic() < until:
@@ -146,6 +171,7 @@ def _make():
         import time
 
         tree = descendants(pid, not_after, None, known)
+        term = not guarded(pid, actor_id) if actor_id else True
         if signum:
             kill_if_same_process(pid, not_after, signum)
         killed = False
@@ -156,13 +182,13 @@ def _make():
         else:
             killed = kill_if_same_process(pid, not_after)
         found = descendants(pid, not_after, actor_id, tree, clock())
-        end_tree(found, grace)
+        end_tree(found, grace, term)
         return killed, len(found)  # as they were when it was told to end: its guard may have ended some
 
-    return kill_if_same_process, clock, descendants, signal_running, kill_when_due
+    return kill_if_same_process, clock, descendants, signal_running, kill_when_due, guard_name, guarded
 
 
-kill_if_same_process, clock, descendants, signal_running, kill_when_due = _make()
+kill_if_same_process, clock, descendants, signal_running, kill_when_due, guard_name, guarded = _make()
 
 
 def remote_kill_on(node_id):
@@ -224,8 +250,7 @@ def after_fork_in_child() -> None:
 
 
 def _name(actor_id):
-    """The guard's abstract socket: this user's, this node's (its raylet), this job's (an actor id ends with it)."""
-    return f"\0autoteardown-guard-{os.getuid()}-{os.environ.get('RAY_RAYLET_PID', '')}-{actor_id[-8:]}"
+    return guard_name(os.environ.get("RAY_RAYLET_PID", ""), actor_id)
 
 
 def _register(name, actor_id, grace, until):
@@ -285,6 +310,7 @@ def serve(name):
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
     actors = {}  # pid -> {"created", "actor_id", "grace", "pidfd", "due", "known"}
+    taken = set()  # the ids of every actor it has watched: their processes are its to end
     trees = []   # [processes still running, SIGKILL at (monotonic)]
     idle_since = time.monotonic()
 
@@ -304,11 +330,14 @@ def serve(name):
                 created, pidfd = 0.0, None
             actors[pid] = {"created": created, "actor_id": actor_id, "grace": float(grace), "pidfd": pidfd,
                            "due": None, "known": ()}
+            taken.add(actor_id)
             if pidfd is not None:
                 selector.register(pidfd, selectors.EVENT_READ, pid)
             conn.sock.send(b"ok\n")
             return pid
-        if word == "due" and conn.pid in actors:
+        if word == "has":
+            conn.sock.send(b"yes\n" if rest in taken else b"no\n")
+        elif word == "due" and conn.pid in actors:
             entry = actors[conn.pid]
             entry["due"], entry["known"] = float(rest), descendants(conn.pid, entry["created"])
         return conn.pid

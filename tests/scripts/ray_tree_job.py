@@ -4,7 +4,8 @@ ray_tree_job.py ENDING [RECORD] (RECORD=record: the actor also records a resourc
 has something of its own to tear down).
 
 The tree: a `multiprocessing` spawn child (the engine core) that starts a grandchild in a
-new session (a worker; it ends on SIGTERM writing "released" to TREE_DIR/<pid>), and a
+new session (a worker; on SIGTERM it writes a line "released" to TREE_DIR/<pid>, one for each
+SIGTERM, and ends 0.5 s after the first, as an engine releasing its devices), and a
 `subprocess` child that starts a grandchild (same session). The driver also starts a
 process of its own (BYSTANDER), which no ending may touch.
 
@@ -35,13 +36,17 @@ ENDING = sys.argv[1]
 RECORD = len(sys.argv) > 2 and sys.argv[2] == "record"
 GRACE = float(os.environ.get("AUTOTEARDOWN_RAY_GRACE_S", "3"))
 SLEEPER = "import time\nwhile True: time.sleep(0.1)"
-RELEASING = f"""import os, signal, sys, time
+RELEASING = """import os, signal, sys, time
 open(os.path.join(os.environ["TREE_DIR"], "started"), "w").close()
+ending = []
 def released(*_):
-    open(os.path.join(os.environ["TREE_DIR"], str(os.getpid())), "w").write("released")
-    sys.exit(0)
+    with open(os.path.join(os.environ["TREE_DIR"], str(os.getpid())), "a") as record:
+        record.write("released\\n")
+    ending.append(time.monotonic() + 0.5)
 signal.signal(signal.SIGTERM, released)
-{SLEEPER}"""
+while not ending or time.monotonic() < ending[0]:
+    time.sleep(0.05)
+sys.exit(0)"""
 
 
 def say(text):
