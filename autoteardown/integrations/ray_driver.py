@@ -343,7 +343,7 @@ class _Ending:
                     config.RAY_GRACE)
             else:
                 self.tree = descendants(pid, self.not_after)  # its descendants, looked at now
-                self.guarded = guarded(pid, self.actor_id)
+                self.guarded = guarded(node_id or ray.get_runtime_context().get_node_id(), self.actor_id)
                 if self.signum:
                     kill_if_same_process(pid, self.not_after, self.signum)
             self.pid = pid

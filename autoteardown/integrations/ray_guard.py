@@ -21,7 +21,7 @@ SIGTERM and SIGINT (a scheduler's stop reaches every process at once: it outlive
 end their trees) and exits when it has no actor and no tree left. A registered actor's processes
 are signalled by its guard alone: a driver's watch asks it (`guarded`) and then only waits, so each
 gets one SIGTERM (a handler may take a second one as "stop now"). Its socket's name is abstract,
-keyed on the user, the node's raylet and the job, so that two jobs never share one.
+keyed on the user, the Ray node and the job, so that two jobs never share one.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
 (RAY_process_group_cleanup_enabled) miss anything started in a new session. What is left is ours.
@@ -130,27 +130,25 @@ def _make():
                 pass
         return running
 
-    def guard_name(raylet_pid, actor_id):
-        """The guard's abstract socket: this user's, the node's (its raylet), the job's (an actor id ends with it)."""
+    def guard_name(node_id, actor_id):
+        """The guard's abstract socket: this user's, the node's (its Ray node id: every party knows it, the
+        actor gone or not), the job's (an actor id ends with it)."""
         import os
 
-        return f"\0autoteardown-guard-{os.getuid()}-{raylet_pid}-{actor_id[-8:]}"
+        return f"\0autoteardown-guard-{os.getuid()}-{node_id}-{actor_id[-8:]}"
 
-    def guarded(pid, actor_id):
-        """Has this actor (its process `pid`, running) registered with its guard? The guard then ends
-        its processes once it is gone, and another watch only waits for them: each gets one SIGTERM."""
+    def guarded(node_id, actor_id):
+        """Has this actor registered with its guard on node `node_id` (this one)? The guard then ends its
+        processes once it is gone, and another watch only waits for them: each gets one SIGTERM."""
         import socket
 
-        import psutil
-
         try:
-            raylet_pid = psutil.Process(pid).environ().get("RAY_RAYLET_PID", "")
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(0.5)
-                sock.connect(guard_name(raylet_pid, actor_id))
+                sock.connect(guard_name(node_id, actor_id))
                 sock.sendall(f"has {actor_id}\n".encode())
                 return sock.recv(4) == b"yes\n"
-        except (OSError, psutil.Error):  # no guard (or none any more: it ended what it had)
+        except OSError:  # no guard (or none any more: it ended what it had)
             return False
 
     def end_tree(tree, grace, term=True):
@@ -170,8 +168,10 @@ def _make():
         then end its descendants (with `known`, an earlier look). (Was it killed, how many it had.)"""
         import time
 
+        import ray
+
         tree = descendants(pid, not_after, None, known)
-        term = not guarded(pid, actor_id) if actor_id else True
+        term = not (actor_id and guarded(ray.get_runtime_context().get_node_id(), actor_id))
         if signum:
             kill_if_same_process(pid, not_after, signum)
         killed = False
@@ -250,7 +250,9 @@ def after_fork_in_child() -> None:
 
 
 def _name(actor_id):
-    return guard_name(os.environ.get("RAY_RAYLET_PID", ""), actor_id)
+    import ray
+
+    return guard_name(ray.get_runtime_context().get_node_id(), actor_id)
 
 
 def _register(name, actor_id, grace, until):
