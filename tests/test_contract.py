@@ -40,7 +40,7 @@ EXPECTED = {
     "swanlab": {"swanlab.sdk.internal.run.Run.__init__", "swanlab.sdk.internal.run.Run.finish"},
     "trackio": {"trackio.run.Run.__init__", "trackio.run.Run.finish"},
     "comet": {"comet_ml.experiment.CometExperiment.__init__", "comet_ml.experiment.CometExperiment.end"},
-    "aim": {"aim.sdk.run.Run.__init__", "aim.sdk.run.Run.close"},
+    "aim": {"aim.sdk.run.Run.__init__", "aim.sdk.run.BasicRun.close"},
     "clearml": {"clearml.task.Task.init"},
 }
 

@@ -30,10 +30,10 @@ ENDS = OneEndAtATime()  # close(): ours and the program's never at once
 
 def patch(patches: Patches) -> None:
     from aim.ext.cleanup import AutoClean
-    from aim.sdk.run import Run
+    from aim.sdk.run import BasicRun, Run
 
     patches.wrap(Run, "__init__", recording(_record))
-    patches.wrap(Run, "close", ENDS)
+    patches.wrap(BasicRun, "close", ENDS)  # Run inherits it
     for made in list(getattr(AutoClean, "_finalizers", ())):
         if isinstance(made, Run):
             _record(made)
