@@ -31,7 +31,7 @@ def warnings(result):
 def signalled(jobs, mode, *signals, shim=True, gap=0.05, group=False, **env):
     """Start the script, wait for READY, send the signals `gap` apart (to its whole process
     group if `group`); (result, seconds from the first signal to the end)."""
-    proc = jobs.start("signals_job.py", mode, shim=shim, AUTOTEARDOWN_TIMEOUT=TIMEOUT, **env)
+    proc = jobs.start("signals_job.py", mode, shim=shim, **{"AUTOTEARDOWN_TIMEOUT": TIMEOUT, **env})
     _, before = wait_for_line(proc, "READY", timeout=120)
     sent = time.monotonic()
     for index, signum in enumerate(signals):
@@ -95,7 +95,8 @@ def test_code_that_swallows_the_systemexit_is_ended_within_the_deadline(jobs):
 
 
 def test_a_handler_chaining_to_ours_runs_its_own_code_and_decides(jobs):
-    result, _ = signalled(jobs, "chained", signal.SIGTERM)
+    # No bound on time is tested here: the deadline holds wandb's finish and teardown with the load margin.
+    result, _ = signalled(jobs, "chained", signal.SIGTERM, AUTOTEARDOWN_TIMEOUT=TIMEOUT + LOAD_MARGIN)
     assert result.returncode == 0, result  # its sys.exit(0), not -15
     assert "SAVED: checkpoint" in result.stdout, result
     assert jobs.runs() == [("main", STEPS, [0])], result  # the code the process really exits with
