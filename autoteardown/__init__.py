@@ -12,6 +12,7 @@ and the exit engine finalizes what they recorded before the libraries' own exit 
   signals.py                 SIGTERM: its state, the handler, the unwind, ending a process early
   threads.py                 the runner threads and the one helper thread with its timers
   forksafe.py                the one after-fork hook, each module's reset in a stated order
+  cpython.py                 every use of CPython's private internals, in one place
   report.py, config.py,      the teardown report; the AUTOTEARDOWN_* variables;
   log.py                     stdlib logging, made on first use
   bootstrap/, cli/,          the sitecustomize that activates it; the command-line tools

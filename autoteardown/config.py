@@ -5,7 +5,7 @@ default and one warning per process tree (children inherit the value and stay qu
 import os
 import sys
 
-from . import log
+from . import cpython, log
 from .integrations import TABLE
 
 MAX_SECONDS = 3600.0  # a longer teardown is a hang by another name (and overflows lock timeouts)
@@ -49,11 +49,11 @@ def _integrations(name):
 
 def _activation():
     """How autoteardown came to be imported here, for the debug line and the report."""
-    if getattr(getattr(sys.modules.get("sitecustomize"), "__spec__", None), "_initializing", False):
+    if cpython.importing("sitecustomize"):
         return os.environ.get("AUTOTEARDOWN_INTERNAL_VIA") or "sitecustomize"  # set by `autoteardown run`
     if os.path.basename(sys.argv[0] if sys.argv else "") in ("autoteardown", "autoteardown-run", "-m"):
         return "cli"  # the command itself (`-m`: python -m autoteardown, while it is being found)
-    startup, frame = os.environ.get("PYTHONSTARTUP"), sys._getframe(1)
+    startup, frame = os.environ.get("PYTHONSTARTUP"), cpython.caller()
     while frame is not None:
         if f"{os.sep}ray{os.sep}_private{os.sep}" in frame.f_code.co_filename:
             return "Ray hook"

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from . import config, exitstatus, forksafe, log, registry
+from . import config, cpython, exitstatus, forksafe, log, registry
 from .patches import Patches
 
 TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
@@ -103,9 +103,7 @@ def arm() -> None:
             exitstatus.track()
             threads.start_runner()  # two: one drives the steps, one runs them
             threads.start_runner()
-            util = sys.modules.get("multiprocessing.util")
-            if util is not None:
-                _patches.wrap(util, "_exit_function", _before_multiprocessing_exit)
+            cpython.wrap_child_exit(_patches, _before_multiprocessing_exit)
             _report("header")
             for hook in _when_armed:
                 hook()
@@ -251,7 +249,7 @@ def _run_bounded(kind: str, obj, func, budget: float) -> None:
 def _where(runner: list) -> str:
     """Where a step that runs over is now (the whole stack in the debug log): its innermost frame
     and, when that is the standard library's (a lock, a join), the library call that waits in it."""
-    frame = sys._current_frames().get(runner[0]) if runner else None
+    frame = cpython.frame_of(runner[0]) if runner else None
     if frame is None:
         return ""
     if config.DEBUG:
@@ -288,13 +286,8 @@ def _report(event: str, *args):
 # ---- the exit hooks ---------------------------------------------------------------
 
 def _hook_exit() -> None:
-    import threading
-
     # Called before Python joins the non-daemon threads, and before every atexit callback.
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None and not getattr(threading, "_SHUTTING_DOWN", False):
-        register(_on_exit)
-    else:  # not CPython >= 3.9, or already shutting down
+    if not cpython.before_threads_join(_on_exit):  # already shutting down
         import atexit
 
         atexit.register(_on_exit_after_threads)
@@ -332,23 +325,17 @@ def _on_exit_after_threads() -> None:
 
 
 def _before_multiprocessing_exit(wrapped, instance, args, kwargs):
-    """BaseProcess._bootstrap calls `util._exit_function()`, which SIGTERMs the daemonic
-    children (DataLoader workers), then `threading._shutdown()`, and never atexit: a
+    """A multiprocessing child's exit (cpython.wrap_child_exit) SIGTERMs the daemonic
+    children (DataLoader workers), then joins the threads, and never runs atexit: a
     multiprocessing child runs Python's exit in that order itself first (the non-daemon
     threads joined, the main thread marked stopped: a second call returns at once), then
     tears down, with the code run()'s outcome gives it."""
-    import threading
-
-    bootstrap = getattr(sys.modules.get("multiprocessing.process"), "BaseProcess", None)
-    frame, code = sys._getframe(1), getattr(getattr(bootstrap, "_bootstrap", None), "__code__", None)
-    while frame is not None and frame.f_code is not code:
-        frame = frame.f_back
-    if frame is not None and _state.armed_pid == os.getpid() and not _state.exit_done:
+    if cpython.in_child_bootstrap(cpython.caller()) and _state.armed_pid == os.getpid() and not _state.exit_done:
         exitstatus.multiprocessing_exit(sys.exc_info()[1])
         try:
-            threading._shutdown()
+            cpython.join_threads()
         except BaseException as exc:  # a Ctrl-C in the join: the teardown still runs
-            log.debug("threading._shutdown: %r", exc)
+            log.debug("joining the threads: %r", exc)
         _on_exit_after_threads()
     return wrapped(*args, **kwargs)
 

@@ -21,7 +21,7 @@ the SystemExit was not caught.
 import _thread
 import sys
 
-from . import forksafe
+from . import cpython, forksafe
 from .patches import Patches
 
 
@@ -119,7 +119,7 @@ def untrack() -> None:
 def _on_sys_exit(wrapped, instance, args, kwargs):
     # Only the main thread's call ends the process (wandb.teardown() calls it in a runner).
     if _thread.get_ident() == _main_ident():
-        main, frames, frame = getattr(sys.modules.get("__main__"), "__dict__", None), [], sys._getframe(1)
+        main, frames, frame = getattr(sys.modules.get("__main__"), "__dict__", None), [], cpython.caller()
         while frame is not None:
             frames.append((frame, frame.f_lasti))
             if frame.f_code.co_name == "<module>" and frame.f_globals is main:
@@ -131,7 +131,7 @@ def _on_sys_exit(wrapped, instance, args, kwargs):
 
 def _on_unwind(code, offset, exception):
     if (isinstance(exception, SystemExit) and code.co_name == "<module>"
-            and sys._getframe(1).f_globals is getattr(sys.modules.get("__main__"), "__dict__", None)
+            and cpython.caller().f_globals is getattr(sys.modules.get("__main__"), "__dict__", None)
             and _thread.get_ident() == _main_ident()):
         _seen.sys_exit = (exception.code, ())
 

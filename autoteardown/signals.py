@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import config, forksafe, threads
+from . import config, cpython, forksafe, threads
 
 WAIT_FOR_MAIN_THREAD = 1.0
 CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
@@ -230,7 +230,7 @@ def _resend_signal() -> None:
 
 def main_thread_in(code) -> bool:
     """Is the main thread running this code object now (somewhere in its stack)?"""
-    frame = sys._current_frames().get(_state.main or 0)
+    frame = cpython.frame_of(_state.main or 0)
     while frame is not None and frame.f_code is not code:
         frame = frame.f_back
     return frame is not None
@@ -268,8 +268,7 @@ def end_process(signum: int | None = None, code: int = 0) -> None:
             stream.flush()
         except Exception:
             pass
-    children = [p for p in getattr(sys.modules.get("multiprocessing.process"), "_children", ())
-                if getattr(p, "_parent_pid", None) == os.getpid() and p.pid not in _state.spared]
+    children = [p for p in cpython.children() if p.pid not in _state.spared]
     for method in ("terminate", "kill"):
         until = time.monotonic() + CHILDREN_GRACE
         for process in children:
@@ -285,12 +284,7 @@ def end_process(signum: int | None = None, code: int = 0) -> None:
                 pass
         children = [p for p in children if p.exitcode is None]
     if signum is not None:
-        try:
-            signal.signal(signum, signal.SIG_DFL)
-        except ValueError:  # not the main thread: the signal module refuses, libc does not
-            import ctypes
-
-            ctypes.CDLL(None).signal(int(signum), 0)  # 0 is SIG_DFL
+        cpython.default_action(signum)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
         os.kill(os.getpid(), signum)
         time.sleep(1)

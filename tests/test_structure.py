@@ -103,3 +103,15 @@ def test_import_autoteardown_imports_none_of_the_libraries_nor_what_is_costly():
     result = subprocess.run([sys.executable, "-S", "-c", code], env=base_env(False, PYTHONPATH=ROOT),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result
+
+
+# CPython's private internals (cpython.py says which, and on which versions they were checked).
+CPYTHON_INTERNALS = re.compile(r"ctypes|threading\._shutdown|[.'\"](_getframe|_current_frames|_threading_atexits|"
+                               r"_register_atexit|_SHUTTING_DOWN|_exit_function|_bootstrap|_children|_parent_pid|"
+                               r"_initializing)\b")
+
+
+def test_cpythons_internals_are_used_in_one_module():
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p.name != "cpython.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1) if CPYTHON_INTERNALS.search(line)]
+    assert found == []

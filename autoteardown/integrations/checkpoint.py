@@ -26,7 +26,7 @@ import sys
 import time
 import weakref
 
-from .. import log, registry
+from .. import cpython, log, registry
 from ..patches import Patches
 from . import kind_of
 
@@ -115,7 +115,7 @@ class _Progress:
 
 def _in_collective() -> bool:
     """Does a thread of this process wait inside a torch.distributed call?"""
-    for top in sys._current_frames().values():
+    for top in cpython.all_frames():
         frame: "FrameType | None" = top
         while frame is not None:
             if frame.f_globals.get("__name__") == "torch.distributed.distributed_c10d":

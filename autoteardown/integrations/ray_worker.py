@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from .. import config, engine, forksafe, log, registry, signals, threads
+from .. import config, cpython, engine, forksafe, log, registry, signals, threads
 from ..patches import Patches
 from . import patches_of, ray_guard
 
@@ -311,8 +311,6 @@ def _finalize_train_worker():
     """A training function still running (another rank failed, the group is shutting down) is stopped first:
     resources torn down under it would make it raise, and Ray Train would log this rank as failed.
     TrainingStopped is raised at its next bytecode (a SystemExit: its `finally` blocks run)."""
-    import ctypes
-
     try:
         if not in_actor():
             return
@@ -320,8 +318,7 @@ def _finalize_train_worker():
         thread = getattr(_train_runner(), "_thread", None)
         if code == SIGTERM_CODE and thread is not None and thread.is_alive():
             budget /= 2  # half to stop it, half to finalize
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                       ctypes.py_object(TrainingStopped))
+            cpython.raise_in_thread(thread.ident, TrainingStopped)
             thread.join(budget)
         log.debug("Ray Train worker %d: finalizing in-band (exit code %s, %.1fs, training thread %s)", os.getpid(),
                   code, budget, "running" if thread is not None and thread.is_alive() else "ended")

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from .. import log, registry
+from .. import cpython, log, registry
 from ..patches import Patches
 from . import kind_of, recording
 
@@ -49,9 +49,7 @@ def in_child(it) -> None:
     # down, and take the parent's workers off multiprocessing's list, which would SIGTERM them.
     it._shutdown = True
     it._worker_pids_set = False
-    children: set = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
-    for worker in getattr(it, "_workers", ()):
-        children.discard(worker)
+    cpython.disown(getattr(it, "_workers", ()))
 
 
 def on_sigterm(it) -> None:
