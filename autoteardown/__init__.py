@@ -19,19 +19,27 @@ and the exit engine finalizes what they recorded before the libraries' own exit 
   __main__.py                (`python -m autoteardown`)
 """
 
-from . import config, engine, importhook, integrations, registry
-from ._version import __version__
+from . import config, importhook, integrations, registry
 
 __all__ = ["install", "uninstall", "finalize", "live", "ray_runtime_env_hook", "__version__"]
 
 
+def __getattr__(name: str) -> str:
+    if name == "__version__":  # read on demand: each module imported costs `import autoteardown` time
+        from ._version import __version__
+
+        return __version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def install() -> None:
     """Patch each enabled integration when its library is imported (at once if it already
-    is). Idempotent: a second import, a reload or a second call patches once."""
+    is). Idempotent: a second import, a reload or a second call patches once. The engine is
+    imported when a process first records something: most never do."""
     if config.DISABLE:
         return
-    registry.on_record = engine.arm  # armed at the first resource recorded
-    integrations.register_kind = engine.register_kind  # the gate registers each integration's kind
+    registry.on_record = _arm  # armed at the first resource recorded
+    integrations.register_kind = _register_kind  # the gate registers each integration's kind
     for name, integration in integrations.TABLE.items():
         if name not in config.DISABLED_INTEGRATIONS:
             for module in integration.triggers:
@@ -43,6 +51,8 @@ def uninstall() -> None:
     importhook.clear()
     for name in integrations.TABLE:
         integrations.uninstrument(name)
+    from . import engine
+
     engine.disarm()
 
 
@@ -50,7 +60,21 @@ def finalize(timeout: "float | None" = None) -> None:
     """Finalize every recorded resource now (what the exit hook calls), within `timeout`
     seconds (AUTOTEARDOWN_TIMEOUT by default). A KeyboardInterrupt or SystemExit that
     interrupts the wait stops the teardown (the rest stays recorded) and is raised again."""
+    from . import engine
+
     engine.finalize(timeout)
+
+
+def _arm() -> None:
+    from . import engine
+
+    engine.arm()
+
+
+def _register_kind(*args) -> None:
+    from . import engine
+
+    engine.register_kind(*args)
 
 
 def live() -> "dict[str, list]":

@@ -15,11 +15,12 @@ integration wraps is out of the gate's reach.
 """
 
 from .. import importhook, log
-from ..patches import Patches
 
 TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
 if TYPE_CHECKING:
     from typing import Any, Callable, Protocol
+
+    from ..patches import Patches
 
     class Module(Protocol):
         """What integrations/<name>.py defines (after_all, in_child, on_sigterm optional)."""
@@ -109,6 +110,8 @@ def instrument(name: str, trigger: "str | None" = None) -> bool:
         register_kind(integration.kind, integration.order, module.finalize_one,
                              getattr(module, "after_all", None), getattr(module, "in_child", None),
                              getattr(module, "on_sigterm", None))
+    from ..patches import Patches  # once a library is patched: not at `import autoteardown`
+
     module.patch(_patches.setdefault(name, Patches()))
     _triggered[name] = (done or frozenset()) | frozenset([trigger] if trigger else ())
     for later in integration.later:
