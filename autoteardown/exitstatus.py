@@ -25,35 +25,36 @@ from . import cpython, forksafe
 from .patches import Patches
 
 
-class _Seen:
-    """What this process has seen of its own ending; a fork child starts with a new one."""
+class _State:
+    """What this process has seen of its own ending; a fork child starts with a new one, and keeps
+    the sys.monitoring tool id (the interpreter's, inherited)."""
 
-    def __init__(self) -> None:
+    def __init__(self, monitoring_tool: "int | None" = None) -> None:
         self.handed_on: int | None = None   # hand_on(n) of the teardown under way
         self.sys_exit: tuple | None = None  # (code, [(frame, f_lasti)]) of the SystemExit leaving __main__
         self.mp_exitcode: int | None = None  # a multiprocessing child's exit code
+        self.monitoring_tool = monitoring_tool  # the sys.monitoring tool id taken (track)
 
 
-_seen = _Seen()
+_state = _State()
 _patches = Patches()
-_monitoring_tool: int | None = None
 
 
 def ending() -> tuple[int, BaseException | None, str]:
     """(code, uncaught exception or None, trigger): see the module docstring."""
     from . import signals
 
-    if _seen.handed_on is not None:
-        return _seen.handed_on, None, f"finalize(exit_code={_seen.handed_on})"
+    if _state.handed_on is not None:
+        return _state.handed_on, None, f"finalize(exit_code={_state.handed_on})"
     received = signals.received()
     if received is not None:
         return 128 + received[0], None, "SIGTERM"
     exc = _uncaught()
     if exc is not None:
         return 1, exc, type(exc).__name__ if isinstance(exc, KeyboardInterrupt) else "exception"
-    if _seen.mp_exitcode is not None:
-        return _seen.mp_exitcode, None, "multiprocessing exit"
-    status = _seen.sys_exit
+    if _state.mp_exitcode is not None:
+        return _state.mp_exitcode, None, "multiprocessing exit"
+    status = _state.sys_exit
     if status is not None and all(frame.f_lasti == lasti for frame, lasti in status[1]):
         return code_of(status[0]), None, f"sys.exit({status[0]!r})"
     return 0, None, "normal end" if signals.exiting() else "finalize()"
@@ -61,12 +62,12 @@ def ending() -> tuple[int, BaseException | None, str]:
 
 def hand_on(code: int | None) -> None:
     """The exit code of the teardown under way is `code` (None: infer it again)."""
-    _seen.handed_on = code
+    _state.handed_on = code
 
 
 def multiprocessing_exit(exc: BaseException | None) -> None:
     """A multiprocessing child's run() ended with `exc` (None: returned)."""
-    _seen.mp_exitcode = 0 if exc is None else code_of(exc.code) if isinstance(exc, SystemExit) else 1
+    _state.mp_exitcode = 0 if exc is None else code_of(exc.code) if isinstance(exc, SystemExit) else 1
 
 
 def code_of(status: object) -> int:
@@ -89,9 +90,8 @@ def _uncaught() -> BaseException | None:
 
 def track() -> None:
     """See the SystemExit that leaves __main__ (once per process; a fork child inherits it)."""
-    global _monitoring_tool
     monitoring = getattr(sys, "monitoring", None)
-    if monitoring is not None and _monitoring_tool is None:
+    if monitoring is not None and _state.monitoring_tool is None:
         for tool in (4, 3):
             try:
                 monitoring.use_tool_id(tool, "autoteardown")
@@ -99,21 +99,20 @@ def track() -> None:
                 continue
             monitoring.register_callback(tool, monitoring.events.PY_UNWIND, _on_unwind)
             monitoring.set_events(tool, monitoring.events.PY_UNWIND)
-            _monitoring_tool = tool
+            _state.monitoring_tool = tool
             return
-    if _monitoring_tool is None:
+    if _state.monitoring_tool is None:
         _patches.wrap(sys, "exit", _on_sys_exit)
 
 
 def untrack() -> None:
-    global _monitoring_tool
     _patches.restore()
-    if _monitoring_tool is not None:
+    if _state.monitoring_tool is not None:
         monitoring = sys.monitoring  # type: ignore[attr-defined]  # 3.12+, where a tool id was taken
-        monitoring.set_events(_monitoring_tool, 0)
-        monitoring.register_callback(_monitoring_tool, monitoring.events.PY_UNWIND, None)
-        monitoring.free_tool_id(_monitoring_tool)
-        _monitoring_tool = None
+        monitoring.set_events(_state.monitoring_tool, 0)
+        monitoring.register_callback(_state.monitoring_tool, monitoring.events.PY_UNWIND, None)
+        monitoring.free_tool_id(_state.monitoring_tool)
+        _state.monitoring_tool = None
 
 
 def _on_sys_exit(wrapped, instance, args, kwargs):
@@ -123,7 +122,7 @@ def _on_sys_exit(wrapped, instance, args, kwargs):
         while frame is not None:
             frames.append((frame, frame.f_lasti))
             if frame.f_code.co_name == "<module>" and frame.f_globals is main:
-                _seen.sys_exit = (args[0] if args else kwargs.get("status"), frames)
+                _state.sys_exit = (args[0] if args else kwargs.get("status"), frames)
                 break
             frame = frame.f_back
     return wrapped(*args, **kwargs)
@@ -133,7 +132,7 @@ def _on_unwind(code, offset, exception):
     if (isinstance(exception, SystemExit) and code.co_name == "<module>"
             and cpython.caller().f_globals is getattr(sys.modules.get("__main__"), "__dict__", None)
             and _thread.get_ident() == _main_ident()):
-        _seen.sys_exit = (exception.code, ())
+        _state.sys_exit = (exception.code, ())
 
 
 def _main_ident() -> int | None:
@@ -143,8 +142,8 @@ def _main_ident() -> int | None:
 
 
 def _after_fork_in_child() -> None:
-    global _seen
-    _seen = _Seen()
+    global _state
+    _state = _State(_state.monitoring_tool)
 
 
 forksafe.register(__name__, _after_fork_in_child)

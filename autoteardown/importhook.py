@@ -10,15 +10,23 @@ import time
 
 from . import forksafe, log
 
-_lock = _thread.RLock()
-_hooks: dict = {}    # module name -> list of "module:function" strings
-_in_progress: set = set()  # names being looked up through the other finders
+
+class _State:
+    """The hooks of this process; a fork child keeps them, with a new lock."""
+
+    def __init__(self) -> None:
+        self.lock = _thread.RLock()
+        self.hooks: dict = {}          # module name -> list of "module:function" strings
+        self.in_progress: set = set()  # names being looked up through the other finders
+
+
+_state = _State()
 
 
 def register(module_name: str, hook: str) -> None:
     """Call `hook` ("pkg.mod:func", given the module) once `module_name` is imported."""
-    with _lock:
-        hooks = _hooks.setdefault(module_name, [])
+    with _state.lock:
+        hooks = _state.hooks.setdefault(module_name, [])
         if hook in hooks:
             return
         hooks.append(hook)
@@ -31,17 +39,17 @@ def register(module_name: str, hook: str) -> None:
 
 def unregister(module_name: str, hook: str) -> None:
     """`hook` is no longer called when `module_name` is imported."""
-    with _lock:
-        hooks = _hooks.get(module_name, [])
+    with _state.lock:
+        hooks = _state.hooks.get(module_name, [])
         if hook in hooks:
             hooks.remove(hook)
         if not hooks:
-            _hooks.pop(module_name, None)
+            _state.hooks.pop(module_name, None)
 
 
 def clear() -> None:
-    with _lock:
-        _hooks.clear()
+    with _state.lock:
+        _state.hooks.clear()
         if _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
 
@@ -64,10 +72,10 @@ class _Finder:
     the other finders for the spec, then wraps the loader to call the hooks."""
 
     def find_spec(self, fullname, path=None, target=None):
-        with _lock:
-            if fullname not in _hooks or fullname in _in_progress:
+        with _state.lock:
+            if fullname not in _state.hooks or fullname in _state.in_progress:
                 return None
-            _in_progress.add(fullname)
+            _state.in_progress.add(fullname)
         try:
             finders = (f for f in sys.meta_path if f is not self and hasattr(f, "find_spec"))
             spec = next(filter(None, (f.find_spec(fullname, path, target) for f in finders)), None)
@@ -75,8 +83,8 @@ class _Finder:
                 spec.loader = _Loader(spec.loader)
             return spec
         finally:
-            with _lock:
-                _in_progress.discard(fullname)
+            with _state.lock:
+                _state.in_progress.discard(fullname)
 
 
 class _Loader:
@@ -95,8 +103,8 @@ class _Loader:
         if getattr(module.__spec__, "loader", None) is self:
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
-        with _lock:
-            hooks = list(_hooks.get(module.__name__, ()))
+        with _state.lock:
+            hooks = list(_state.hooks.get(module.__name__, ()))
         for hook in hooks:
             _call(hook, module)
 
@@ -105,8 +113,7 @@ _FINDER = _Finder()
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = _thread.RLock()  # another thread may have held it at the fork (an import)
+    _state.lock = _thread.RLock()  # another thread may have held it at the fork (an import)
 
 
 forksafe.register(__name__, _after_fork_in_child)

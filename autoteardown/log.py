@@ -10,33 +10,39 @@ configured nothing gets them from ours, one line each on stderr ("autoteardown: 
 import os
 import sys
 
-_debug = False
-_logger = None
-_warned: "set[str]" = set()
+
+class _State:
+    """This module's state: inherited by a fork child as it is (the same settings, the same logger)."""
+
+    def __init__(self) -> None:
+        self.debug = False
+        self.logger = None
+        self.warned: "set[str]" = set()  # the warnings printed in this process
+
+
+_state = _State()
 # Warnings printed in this process tree: children inherit it and do not repeat them.
 TREE_MARKER = "AUTOTEARDOWN_INTERNAL_WARNED"
 
 
 def set_debug(enabled: bool) -> None:
-    global _debug
-    _debug = bool(enabled)
-    if _logger is not None:
-        _logger.setLevel("DEBUG" if _debug else "WARNING")
+    _state.debug = bool(enabled)
+    if _state.logger is not None:
+        _state.logger.setLevel("DEBUG" if _state.debug else "WARNING")
 
 
 def is_debug() -> bool:
-    return _debug
+    return _state.debug
 
 
 def get_logger():
-    global _logger
-    if _logger is None:
+    if _state.logger is None:
         import logging
 
         class Formatter(logging.Formatter):
             def format(self, record):
                 rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-                where = (f"[pid {os.getpid()}" + (f" rank {rank}" if rank else "") + "] ") if _debug else ""
+                where = (f"[pid {os.getpid()}" + (f" rank {rank}" if rank else "") + "] ") if _state.debug else ""
                 return f"autoteardown: {where}{record.levelname}: {super().format(record)}"
 
         class Fallback(logging.StreamHandler):
@@ -49,13 +55,13 @@ def get_logger():
             handler = Fallback(sys.stderr)
             handler.setFormatter(Formatter())
             logger.addHandler(handler)
-        logger.setLevel("DEBUG" if _debug else "WARNING")
-        _logger = logger
-    return _logger
+        logger.setLevel("DEBUG" if _state.debug else "WARNING")
+        _state.logger = logger
+    return _state.logger
 
 
 def debug(msg: str, *args: object) -> None:
-    if _debug:
+    if _state.debug:
         get_logger().debug(msg, *args)
 
 
@@ -72,9 +78,9 @@ def warning_once(msg: str, *args: object, tree: bool = False) -> None:
         text = msg % args if args else msg
     except Exception:
         text = f"{msg} {args!r}"
-    if text in _warned:
+    if text in _state.warned:
         return
-    _warned.add(text)
+    _state.warned.add(text)
     if tree:
         import zlib
 
@@ -91,5 +97,5 @@ def warning_once(msg: str, *args: object, tree: bool = False) -> None:
 
 def debug_exception(msg: str, *args: object, exc_info: object = True) -> None:
     """A bug in the shim or a failing finalizer: its traceback only with AUTOTEARDOWN_DEBUG=1."""
-    if _debug:
+    if _state.debug:
         get_logger().debug(msg, *args, exc_info=exc_info)

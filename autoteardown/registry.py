@@ -12,35 +12,43 @@ TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-_lock = _thread.RLock()
-_entries: dict = {}  # id(obj) -> (kind, weakref to obj)
-_prune_at = 64     # dead entries are swept when the table reaches this size
+class _State:
+    """The registry of this process; a fork child keeps its entries (the engine's fork hook takes
+    them) and gets a new lock."""
+
+    def __init__(self) -> None:
+        self.lock = _thread.RLock()
+        self.entries: dict = {}  # id(obj) -> (kind, weakref to obj)
+        self.prune_at = 64       # dead entries are swept when the table reaches this size
+
+
+_state = _State()
 on_record: "Callable[[], None] | None" = None   # engine.arm, until this process is armed (set again in a fork child)
 
 
 def record(kind: str, obj: object) -> None:
-    global _prune_at
-    weak = ref(obj)
-    with _lock:
-        _entries[id(obj)] = (kind, weak)
-        if len(_entries) >= _prune_at:
-            for key in [key for key, (_, weak) in _entries.items() if weak() is None]:
-                del _entries[key]
-            _prune_at = max(64, 2 * len(_entries))
+    weak, state = ref(obj), _state
+    with state.lock:
+        entries = state.entries
+        entries[id(obj)] = (kind, weak)
+        if len(entries) >= state.prune_at:
+            for key in [key for key, (_, weak) in entries.items() if weak() is None]:
+                del entries[key]
+            state.prune_at = max(64, 2 * len(entries))
     if on_record is not None:
         on_record()
 
 
 def forget(obj: object) -> None:
-    with _lock:
-        entry = _entries.get(id(obj))
+    with _state.lock:
+        entry = _state.entries.get(id(obj))
         if entry is not None and entry[1]() is obj:
-            del _entries[id(obj)]
+            del _state.entries[id(obj)]
 
 
 def live(kind: str | None = None) -> list:
     """(kind, object) for every recorded object still alive, or the objects of `kind`; oldest first."""
-    objs = [(entry_kind, weak()) for entry_kind, weak in list(_entries.values())]
+    objs = [(entry_kind, weak()) for entry_kind, weak in list(_state.entries.values())]
     if kind is None:
         return [(k, obj) for k, obj in objs if obj is not None]
     return [obj for k, obj in objs if obj is not None and k == kind]
@@ -48,21 +56,20 @@ def live(kind: str | None = None) -> list:
 
 def take_all() -> list:
     """Empty the registry and return what was alive in it (used in a fork child)."""
-    with _lock:
-        entries = list(_entries.values())
-        _entries.clear()
+    with _state.lock:
+        entries = list(_state.entries.values())
+        _state.entries.clear()
     return [(kind, weak()) for kind, weak in entries if weak() is not None]
 
 
 def size() -> int:
     """Entries held, dead ones included (for the memory benchmark)."""
-    with _lock:
-        return len(_entries)
+    with _state.lock:
+        return len(_state.entries)
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = _thread.RLock()  # another thread may have held it at the fork
+    _state.lock = _thread.RLock()  # another thread may have held it at the fork
 
 
 forksafe.register(__name__, _after_fork_in_child)

@@ -21,11 +21,20 @@ from collections.abc import Callable
 from . import forksafe, log
 
 Action = Callable[[], object]
-_lock = threading.Lock()
-_idle: list = []            # the queues of idle runners
-_alarms: list[list] = []    # [when (monotonic), action]; a signal handler never touches it
-_soon: deque = deque()      # actions handed over by a signal handler
-_helper: dict = {}          # "pid", "pipe" (read_fd, write_fd), "thread" of this process's helper
+
+
+class _State:
+    """This process's threads; a fork child starts with a new one (none of them runs there)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.idle: list = []          # the queues of idle runners
+        self.alarms: list[list] = []  # [when (monotonic), action]; a signal handler never touches it
+        self.soon: deque = deque()    # actions handed over by a signal handler
+        self.helper: dict = {}        # "pid", "pipe" (read_fd, write_fd), "thread" of this process's helper
+
+
+_state = _State()
 on_wakeup: Callable[[bytes], None] | None = None  # what the helper does with the bytes it read (signals.py)
 
 
@@ -40,29 +49,29 @@ def start_runner(idle: bool = True):
     def serve() -> None:
         while True:
             jobs.get()()
-            with _lock:
-                _idle.append(jobs)
+            with _state.lock:
+                _state.idle.append(jobs)
 
     try:
         threading.Thread(target=serve, name="autoteardown-step", daemon=True).start()
     except RuntimeError:  # can't create new thread at interpreter shutdown
         return None
     if idle:
-        with _lock:
-            _idle.append(jobs)
+        with _state.lock:
+            _state.idle.append(jobs)
     return jobs
 
 
 def submit(work: Action) -> bool:
     """Hand `work` to an idle runner, keeping one spare; False if no thread can be had."""
-    with _lock:
-        jobs = _idle.pop() if _idle else None
+    with _state.lock:
+        jobs = _state.idle.pop() if _state.idle else None
     if jobs is None:
         jobs = start_runner(idle=False)
     if jobs is None:
         return False
     jobs.put(work)
-    if not _idle:
+    if not _state.idle:
         start_runner()
     return True
 
@@ -79,25 +88,25 @@ def alarm(when: float, action: Action) -> list:
     """Call action() (which must not block) in the helper thread at monotonic time `when`;
     a token for cancel()."""
     token = [when, action]
-    with _lock:
-        _alarms.append(token)
+    with _state.lock:
+        _state.alarms.append(token)
     start_helper()
     wake()
     return token
 
 
 def cancel(token: list) -> None:
-    with _lock:
-        if token in _alarms:
-            _alarms.remove(token)
+    with _state.lock:
+        if token in _state.alarms:
+            _state.alarms.remove(token)
 
 
 def soon(action: Action) -> bool:
     """From a signal handler (no lock, no blocking): call action() in the helper thread at
     once. False where this process has no helper."""
-    if _helper.get("pid") != os.getpid():
+    if _state.helper.get("pid") != os.getpid():
         return False
-    _soon.append(action)
+    _state.soon.append(action)
     wake()
     return True
 
@@ -105,11 +114,11 @@ def soon(action: Action) -> bool:
 def wakeup_fd() -> int:
     """The helper's pipe, for signal.set_wakeup_fd (it starts the helper)."""
     start_helper()
-    return _helper["pipe"][1]
+    return _state.helper["pipe"][1]
 
 
 def wake() -> None:
-    pipe = _helper.get("pipe")
+    pipe = _state.helper.get("pipe")
     if pipe is not None:
         try:
             os.write(pipe[1], b"\0")
@@ -118,20 +127,20 @@ def wake() -> None:
 
 
 def start_helper() -> None:
-    with _lock:
-        if _helper.get("pid") == os.getpid():
+    with _state.lock:
+        if _state.helper.get("pid") == os.getpid():
             return
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         thread = threading.Thread(target=_serve, args=(read_fd,), name="autoteardown-helper", daemon=True)
-        _helper.update(pid=os.getpid(), pipe=(read_fd, write_fd), thread=thread)
+        _state.helper.update(pid=os.getpid(), pipe=(read_fd, write_fd), thread=thread)
         thread.start()
 
 
 def stop_helper(join: bool = True) -> None:
     """Stop the helper (joined first, unless in a fork child, where it does not run) and close its pipe."""
-    pipe, thread = _helper.get("pipe"), _helper.get("thread")
-    _helper.clear()
+    pipe, thread = _state.helper.get("pipe"), _state.helper.get("thread")
+    _state.helper.clear()
     if pipe is None:
         return
     if join and thread is not None and thread is not threading.current_thread():
@@ -147,12 +156,12 @@ def stop_helper(join: bool = True) -> None:
 def _serve(read_fd: int) -> None:
     while True:
         now = time.monotonic()
-        with _lock:
-            due = [a for a in _alarms if a[0] <= now]
+        with _state.lock:
+            due = [a for a in _state.alarms if a[0] <= now]
             for a in due:
-                _alarms.remove(a)
-            waits = [a[0] - now for a in _alarms]
-        due += [[None, _soon.popleft()] for _ in range(len(_soon))]
+                _state.alarms.remove(a)
+            waits = [a[0] - now for a in _state.alarms]
+        due += [[None, _state.soon.popleft()] for _ in range(len(_state.soon))]
         for _, action in due:
             try:
                 action()
@@ -163,20 +172,17 @@ def _serve(read_fd: int) -> None:
             data = os.read(read_fd, 512) if ready else b""
         except (OSError, ValueError):
             return
-        pipe = _helper.get("pipe")
-        if pipe is None or pipe[0] != read_fd or _helper.get("pid") != os.getpid():
+        pipe = _state.helper.get("pipe")
+        if pipe is None or pipe[0] != read_fd or _state.helper.get("pid") != os.getpid():
             return  # stopped, or a fork child's copy of the parent's fd
         if on_wakeup is not None:
             on_wakeup(data)
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
-    _idle.clear()
-    _alarms.clear()
-    _soon.clear()
-    stop_helper(join=False)
+    global _state
+    stop_helper(join=False)  # closes the parent's pipe
+    _state = _State()  # a lock another thread may have held at the fork, the parent's runners and timers
 
 
 forksafe.register(__name__, _after_fork_in_child)

@@ -121,7 +121,7 @@ def same(a, b):
 def later_hooks():
     from autoteardown import importhook
 
-    return sorted(m for m in integrations.TABLE[NAME].later if importhook._hooks.get(m))
+    return sorted(m for m in integrations.TABLE[NAME].later if importhook._state.hooks.get(m))
 
 
 def restored(originals, step):
@@ -206,7 +206,7 @@ WRAPPERS = wrapt.FunctionWrapper.__mro__[1]
 for module in TRIGGERS:
     importlib.import_module(module)
 integrations.uninstrument(NAME)
-assert not any(importhook._hooks.get(m) for m in LATER), importhook._hooks
+assert not any(importhook._state.hooks.get(m) for m in LATER), importhook._state.hooks
 imported = []
 for module in LATER:
     try:

@@ -42,7 +42,7 @@ CHURN = """
 import collections, contextlib, sys, threading
 from autoteardown import registry
 if sys.argv[1] == "unlocked":
-    registry._lock = contextlib.nullcontext()
+    registry._state.lock = contextlib.nullcontext()
 sys.setswitchinterval(1e-6)  # a thread switch every few bytecodes: the races happen, if any
 
 class Thing:

@@ -115,3 +115,12 @@ def test_cpythons_internals_are_used_in_one_module():
     found = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p.name != "cpython.py"
              for n, line in enumerate(p.read_text().splitlines(), 1) if CPYTHON_INTERNALS.search(line)]
     assert found == []
+
+
+def test_a_modules_state_is_its_one_state_object():
+    # A module's mutable state lives in one object, `_state`: the one name a `global` statement
+    # rebinds (a fork child's new state).
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in PACKAGE.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if re.match(r"\s*global ", line) and line.strip() != "global _state"]
+    assert found == []

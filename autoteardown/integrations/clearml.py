@@ -21,7 +21,14 @@ from ..patches import Patches
 from . import kind_of, recording
 
 KIND = kind_of(__name__)
-_in_reporter = False  # this is clearml's reporting subprocess (see the docstring)
+
+
+class _State:
+    def __init__(self) -> None:
+        self.in_reporter = False  # this is clearml's reporting subprocess (see the docstring)
+
+
+_state = _State()
 
 
 def patch(patches: Patches) -> None:
@@ -63,15 +70,14 @@ def _give_sigterm_back() -> None:
 
 def _reporter_starts(wrapped, instance, args, kwargs):
     """In clearml's reporting subprocess, as it starts: SIGTERM ignored (and after it sets its hooks)."""
-    global _in_reporter
-    _in_reporter = True
+    _state.in_reporter = True
     _ignore_sigterm(lambda: None, None, (), {})
     return wrapped(*args, **kwargs)
 
 
 def _ignore_sigterm(wrapped, instance, args, kwargs):
     result = wrapped(*args, **kwargs)
-    if _in_reporter and threading.current_thread() is threading.main_thread():
+    if _state.in_reporter and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         getattr(instance, "_org_handlers", {}).pop(signal.SIGTERM, None)  # not put back by clearml
     return result

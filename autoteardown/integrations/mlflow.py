@@ -19,13 +19,20 @@ from ..patches import Patches
 from . import kind_of, recording
 
 KIND = kind_of(__name__)  # the private names below: tested on 2.10.2 and 3.17
-_runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ActiveRun -> (the stack it was pushed on, tracking URI)
-_deadlines: "dict[int, float]" = {}  # thread ident -> deadline, for the teardown's own requests
-_accepted: "tuple[str, ...]" = ()   # the HTTP settings this mlflow's http_request takes as arguments
+
+
+class _State:
+    def __init__(self) -> None:
+        # ActiveRun -> (the stack it was pushed on, tracking URI)
+        self.runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.deadlines: "dict[int, float]" = {}  # thread ident -> deadline, for the teardown's own requests
+        self.accepted: "tuple[str, ...]" = ()   # the HTTP settings this mlflow's http_request takes as arguments
+
+
+_state = _State()
 
 
 def patch(patches: Patches) -> None:
-    global _accepted
     try:
         import mlflow.tracking.fluent as fluent
     except ImportError:
@@ -38,7 +45,7 @@ def patch(patches: Patches) -> None:
 
     # Bound under several names: start_run in mlflow and its fluent module, http_request in the stores.
     patches.rebind(fluent.start_run, recording(lambda run: _record(run, _stack())), "mlflow")
-    _accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
+    _state.accepted = tuple(inspect.signature(rest_utils.http_request).parameters)
     patches.rebind(rest_utils.http_request, _bounded_request, "mlflow")
     patches.wrap(fluent.ActiveRun, "__exit__", signals.exit_unless_stopped)  # the teardown ends it KILLED, not FAILED
     stack = _stack()  # a run started before we were imported
@@ -59,13 +66,13 @@ def _record(run, stack):
 
     # The stack, not the thread: a new thread with a dead one's ident replaces its stack.
     # The URI: a later set_tracking_uri() must not send our end to another store.
-    _runs[run] = (stack, mlflow.get_tracking_uri())
+    _state.runs[run] = (stack, mlflow.get_tracking_uri())
     registry.record(KIND, run)
 
 
 def finalize_one(run, timeout: float) -> "str | None":
     """End the run (and the runs nested above it) with the status the process ends with."""
-    stack, uri = _runs.pop(run, (None, None))
+    stack, uri = _state.runs.pop(run, (None, None))
     index = next((i for i, r in enumerate(stack or ()) if r is run), None)
     if index is None:
         return None  # ended by the user: end_run() or the end of a `with` block
@@ -85,11 +92,11 @@ def bounded(timeout: float):
     """This thread's MLflow requests in the block end within `timeout` seconds from now: a run
     ended for the user must not wait out mlflow's retries (minutes) against a server that is gone."""
     ident = _thread.get_ident()
-    _deadlines[ident] = time.monotonic() + timeout
+    _state.deadlines[ident] = time.monotonic() + timeout
     try:
         yield
     finally:
-        _deadlines.pop(ident, None)
+        _state.deadlines.pop(ident, None)
 
 
 def _end(run_id, status, uri):
@@ -117,12 +124,12 @@ def _end(run_id, status, uri):
 def _bounded_request(wrapped, instance, args, kwargs):
     """A request in a `bounded` block (three per run at most): each a third of the time left,
     one immediate retry for a dropped connection."""
-    deadline = _deadlines.get(_thread.get_ident())
+    deadline = _state.deadlines.get(_thread.get_ident())
     if deadline is not None:
         left = deadline - time.monotonic()
         bounds = {"max_retries": 1 if left > 1.0 else 0, "backoff_factor": 0, "backoff_jitter": 0.0,
                   "timeout": max(0.1, left / 3), "respect_retry_after_header": False}
-        kwargs.update({k: v for k, v in bounds.items() if k in _accepted})
+        kwargs.update({k: v for k, v in bounds.items() if k in _state.accepted})
     return wrapped(*args, **kwargs)
 
 

@@ -34,11 +34,18 @@ from . import kind_of, ray_worker
 from .ray_guard import clock, descendants, guarded, kill_if_same_process, remote_kill_on, signal_running
 
 KIND = kind_of("ray")
-_collected: list = []  # what the engine handed us at exit: handles and _Ending
-_known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when it was that)
-_unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
-_unarm_lock = threading.Lock()
-_exit_hooked = False    # in a driver: unarm_job is registered for its exit
+
+
+class _State:
+    def __init__(self) -> None:
+        self.collected: list = []  # what the engine handed us at exit: handles and _Ending
+        self.known: dict = {}      # actor id -> its GCS record once ALIVE or DEAD (pid, node; "seen": when)
+        self.unarming: set = set()  # the ids of ended actors whose key (ray_worker.ARMED) is still to be removed
+        self.unarm_lock = threading.Lock()
+        self.exit_hooked = False    # in a driver: unarm_job is registered for its exit
+
+
+_state = _State()
 STOPPED_ASK_S = 0.5     # a stopped driver's one request to remove its job's keys
 
 
@@ -55,11 +62,10 @@ def patch(patches: Patches) -> None:
 
 
 def _on_actor_created(wrapped, instance, args, kwargs):
-    global _exit_hooked
     handle = wrapped(*args, **kwargs)
     try:
-        if not _exit_hooked and not ray_worker.in_actor():
-            _exit_hooked = True
+        if not _state.exit_hooked and not ray_worker.in_actor():
+            _state.exit_hooked = True
             atexit.register(unarm_job)  # after ray.init's own hook: runs before Ray's shutdown
         if not _detached(kwargs.get("lifetime")):  # a detached actor outlives us on purpose
             registry.record(KIND, handle)
@@ -82,7 +88,7 @@ def _learn(actor_id, delay, give_up=None):
             info = {}
         if info.get("State") in ("ALIVE", "DEAD") and info.get("Pid"):  # dead already: its descendants may live
             info["seen"] = time.time() if info["State"] == "ALIVE" else (info.get("EndTime") or 0) / 1000
-            _known[actor_id] = info
+            _state.known[actor_id] = info
         elif info.get("State") != "DEAD" and time.monotonic() < give_up:
             _learn(actor_id, min(2.0, delay * 1.5), give_up)
 
@@ -130,7 +136,7 @@ def _watch_ending(handle, requested_at):
     descendants are gone. By an actor, nothing more: the actor's guard on its node ends it and its
     processes (ray_guard.py), however this actor ends, and the call asks GCS nothing."""
     try:
-        info = _known.get(handle._ray_actor_id.hex())  # its learned record: no GCS request to locate it
+        info = _state.known.get(handle._ray_actor_id.hex())  # its learned record: no GCS request to locate it
         _forget(handle)
         _unarm(handle._ray_actor_id.hex())
         if ray_worker.in_actor():
@@ -144,7 +150,7 @@ def _watch_ending(handle, requested_at):
 
 def _forget(actor):
     registry.forget(actor)
-    _known.pop(actor._ray_actor_id.hex(), None)
+    _state.known.pop(actor._ray_actor_id.hex(), None)
 
 
 def _on_shutdown(wrapped, instance, args, kwargs):
@@ -160,9 +166,9 @@ def _on_shutdown(wrapped, instance, args, kwargs):
 def _unarm(actor_id):
     """An ended actor's key out of GCS (ray_worker.ARMED), off the caller's path: one runner removes the
     queued keys in turn (a GCS that does not answer costs it a second a key, never the caller)."""
-    with _unarm_lock:
-        idle = not _unarming
-        _unarming.add(actor_id)
+    with _state.unarm_lock:
+        idle = not _state.unarming
+        _state.unarming.add(actor_id)
     if idle:
         threads.run_soon(_unarm_queued)
 
@@ -170,19 +176,19 @@ def _unarm(actor_id):
 def _unarm_queued():
     import ray
 
-    while not ray_worker.forked:  # Ray's clients are the process's that made them (ray_worker)
-        with _unarm_lock:
-            if not _unarming:
+    while not ray_worker.forked():  # Ray's clients are the process's that made them (ray_worker)
+        with _state.unarm_lock:
+            if not _state.unarming:
                 return
-            actor_id = next(iter(_unarming))
+            actor_id = next(iter(_state.unarming))
         try:
             ray._private.worker.global_worker.gcs_client.internal_kv_del(
                 ray_worker.armed_key(actor_id), False, ray_worker.ARMED, timeout=1.0)
         except Exception:
             log.debug_exception("could not remove the key of actor %s", actor_id[:8])
         finally:
-            with _unarm_lock:
-                _unarming.discard(actor_id)
+            with _state.unarm_lock:
+                _state.unarming.discard(actor_id)
 
 
 def unarm_job():
@@ -193,11 +199,11 @@ def unarm_job():
     import ray
 
     try:
-        if ray_worker.forked or ray_worker.in_actor() or not ray.is_initialized():
+        if ray_worker.forked() or ray_worker.in_actor() or not ray.is_initialized():
             return  # a fork child inherits this hook, not the driver's Ray clients (ray_worker)
         job = ray.get_runtime_context().get_job_id()
         ray._private.worker.global_worker.gcs_client.internal_kv_del(
-            f"{job}:".encode(), True, ray_worker.ARMED, timeout=STOPPED_ASK_S if ray_worker.stopped else 1.0)
+            f"{job}:".encode(), True, ray_worker.ARMED, timeout=STOPPED_ASK_S if ray_worker.stopped() else 1.0)
     except Exception:
         log.debug_exception("could not remove this job's keys from GCS")
 
@@ -205,7 +211,7 @@ def unarm_job():
 # ---- at exit: everything at once, one wait ------------------------------------
 
 def collect(obj, timeout):
-    _collected.append(obj)
+    _state.collected.append(obj)
 
 
 def finalize_collected(timeout):
@@ -213,14 +219,14 @@ def finalize_collected(timeout):
     took a SIGTERM: a second spent asking a dying GCS can be one the actors do not have), then wait for
     all to be gone."""
     deadline = time.monotonic() + timeout
-    objs, _collected[:] = list(_collected), []
+    objs, _state.collected[:] = list(_state.collected), []
     handles = [o for o in objs if not isinstance(o, _Ending)]
     ids = [h._ray_actor_id.hex() for h in handles]
-    announced, now = {} if ray_worker.stopped else armed(ids), time.time()
-    live = set(ids) if ray_worker.stopped else {i for i, said in announced.items() if said != ray_worker.STARTED}
+    announced, now = {} if ray_worker.stopped() else armed(ids), time.time()
+    live = set(ids) if ray_worker.stopped() else {i for i, said in announced.items() if said != ray_worker.STARTED}
     live |= _with_processes(set(ids) - live, now, announced)
     ending = [o for o in objs if isinstance(o, _Ending)]
-    ending += [_Ending(h, now, signal.SIGTERM, _known.pop(h._ray_actor_id.hex(), None)) for h in handles
+    ending += [_Ending(h, now, signal.SIGTERM, _state.known.pop(h._ray_actor_id.hex(), None)) for h in handles
                if h._ray_actor_id.hex() in live]
     try:
         for actor in ending:
@@ -267,7 +273,7 @@ def _with_processes(actor_ids, now, announced):
         here = None
     found = set()
     for actor_id in actor_ids:
-        info = _known.get(actor_id) or {}
+        info = _state.known.get(actor_id) or {}
         pid, seen = info.get("Pid"), info.get("seen", now)
         if here is None or info.get("Address", {}).get("NodeID") != here:
             if actor_id in announced:

@@ -204,23 +204,32 @@ def remote_kill_on(node_id):
 
 # ---- the actor's side: registration -------------------------------------------
 
-_link: dict = {}  # this process's registration: "pid" (the process it is for), "sock" (its connection)
-_link_lock = threading.Lock()
+class _Link:
+    """This process's registration with its guard; a fork child starts with none."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid: "int | None" = None  # the process it is for
+        self.sock = None               # its connection
+
+
+_state = _Link()
 REGISTER_WAIT_S = 2.0  # a guard's start (python -S, psutil) and its first answer
 
 
 def watch(actor_id: str, grace: float, wait: float = REGISTER_WAIT_S) -> bool:
     """In an actor: registered with its job's guard on this node, started if there is none. Once a
     process; False if no guard took it within `wait` (the driver's exit still ends its processes)."""
-    with _link_lock:
-        if _link.get("pid") == os.getpid():
+    link = _state
+    with link.lock:
+        if link.pid == os.getpid():
             return True
         name = _name(actor_id)
         until, start_at = time.monotonic() + wait, 0.0
         while time.monotonic() < until:
             sock = _register(name, actor_id, grace, until)
             if sock is not None:
-                _link.update(pid=os.getpid(), sock=sock)
+                link.pid, link.sock = os.getpid(), sock
                 return True
             if time.monotonic() >= start_at:  # none, or one exiting as this came: a new one
                 _start(name)
@@ -231,7 +240,7 @@ def watch(actor_id: str, grace: float, wait: float = REGISTER_WAIT_S) -> bool:
 
 def due(at: float) -> None:
     """In a registered actor that is ending: it must be gone at `at` (wall clock), or the guard kills it."""
-    sock = _link.get("sock") if _link.get("pid") == os.getpid() else None
+    sock = _state.sock if _state.pid == os.getpid() else None
     if sock is not None:
         try:
             sock.send(f"due {at}\n".encode())
@@ -241,10 +250,8 @@ def due(at: float) -> None:
 
 def after_fork_in_child() -> None:
     """A fork child is no actor: the inherited connection is closed here (the parent's stays open)."""
-    global _link_lock
-    _link_lock = threading.Lock()
-    sock = _link.pop("sock", None)
-    _link.clear()
+    global _state
+    sock, _state = _state.sock, _Link()
     if sock is not None:
         sock.close()
 

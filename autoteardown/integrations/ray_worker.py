@@ -35,15 +35,25 @@ RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handl
 ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down (armed_key)
 STARTED = b"started"  # the value there of an actor that has started processes but recorded nothing
 _main = threading.main_thread().ident
-_in_method = 0    # actor methods running in the main thread
-_asked = False    # a SIGTERM asked this actor to end: its teardown is pending or under way
-stopped = False   # a SIGTERM came while something was recorded (ray_driver: end every actor at once)
-_tearing = False  # the teardown has begun
-_done = False     # it has run: Ray's handler goes on as without us
-_deferred = False # Ray's abort after a SIGTERM waits for our teardown
-_marked = False   # ray_guard.mark() was called (or this is no actor)
-_started = False  # this actor announced a process it started
-forked = False    # a fork child: Ray's clients are not its own, and it is no actor (_after_fork_in_child)
+
+
+class _State:
+    """This process's part in ending its actor. A fork child gets a new one, `forked` (see
+    _after_fork_in_child): it has announced and torn down nothing, and never will."""
+
+    def __init__(self, forked: bool = False) -> None:
+        self.in_method = 0       # actor methods running in the main thread
+        self.asked = False       # a SIGTERM asked this actor to end: its teardown is pending or under way
+        self.stopped = False     # a SIGTERM came while something was recorded (ray_driver: end every actor at once)
+        self.tearing = False     # the teardown has begun
+        self.done = forked       # it has run: Ray's handler goes on as without us
+        self.deferred = False    # Ray's abort after a SIGTERM waits for our teardown
+        self.marked = False      # ray_guard.mark() was called (or this is no actor)
+        self.started = forked    # this actor announced a process it started
+        self.forked = forked     # a fork child: Ray's clients are not its own, and it is no actor
+
+
+_state = _State()
 
 
 def patch(patches: Patches) -> None:
@@ -58,8 +68,18 @@ def patch(patches: Patches) -> None:
     engine.when_armed(_on_armed)
 
 
+def forked() -> bool:
+    """Is this a fork child of an actor or a driver? Ray's clients are not its own (_after_fork_in_child)."""
+    return _state.forked
+
+
+def stopped() -> bool:
+    """Did a SIGTERM come while something was recorded? (ray_driver then ends every actor at once.)"""
+    return _state.stopped
+
+
 def in_actor():
-    if forked:
+    if _state.forked:
         return False
     import ray
 
@@ -106,10 +126,10 @@ def _on_process_started(wrapped, instance, args, kwargs):
     """subprocess.Popen and multiprocessing's start(), in an actor: the first registers the actor with its
     node's guard before it starts (it ends what this starts, however the actor ends) and is announced
     after; not the guard's own start, nor in the teardown, when the actor is ending already."""
-    global _started
-    first = not _started and not _tearing and (kwargs.get("env") or {}).get(ray_guard.MARKER) != ray_guard.GUARD
+    state = _state
+    first = not state.started and not state.tearing and (kwargs.get("env") or {}).get(ray_guard.MARKER) != ray_guard.GUARD
     if first:
-        _started = True
+        _state.started = True
         _watch()
     result = wrapped(*args, **kwargs)
     if first:
@@ -125,21 +145,20 @@ def _chain_sigterm_handler(wrapped, instance, args, kwargs):
 
 
 def _ask(handler, signum, frame):
-    global _asked, stopped
-    if _done or not _asked and not registry.live():
+    if _state.done or not _state.asked and not registry.live():
         return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
-    if _asked:
+    if _state.asked:
         return  # another SIGTERM (a dying raylet's) while ours ends the actor: not into the teardown
     _defer_ray_abort()
-    stopped = True
+    _state.stopped = True
     if not in_actor():
         # A driver: Ray's handler unwinds (sys.exit), and ray_driver ends the actors first. With
         # Ray's abort deferred, the end is ours to guarantee, even if that SystemExit is lost.
         signals.unwound_by_another(signum)
         return handler(signum, frame)
-    _asked = True
+    _state.asked = True
     engine.on_sigterm(signum)  # not recorded: Ray's handler ends the process, not the engine
-    if _in_method:
+    if _state.in_method:
         return handler(signum, frame)  # Ray's SystemExit unwinds the method: run_method tears down
     if not threads.soon(lambda: threads.run_soon(_teardown_then_resend)):
         return handler(signum, frame)
@@ -149,16 +168,14 @@ def _defer_ray_abort():
     """Ray aborts the process 3 s after a SIGTERM (an alarm with no Python handler). With something
     to tear down, the abort waits for our teardown (AUTOTEARDOWN_TIMEOUT at most), and Ray's own
     shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is the user's."""
-    global _deferred
-    if not _deferred and signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
-        _deferred = True
+    if not _state.deferred and signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
+        _state.deferred = True
         signal.alarm(math.ceil(config.TIMEOUT) + RAY_ABORT_S)  # alarm() counts whole seconds
 
 
 def restore_ray_abort():
-    global _deferred
-    if _deferred:
-        _deferred = False
+    if _state.deferred:
+        _state.deferred = False
         signal.alarm(RAY_ABORT_S)
 
 
@@ -175,10 +192,9 @@ def _teardown_then_resend():
 def _teardown(interrupted):
     """Once. The exit code: a Ray Train worker's function's; else 143 if the SIGTERM cut a method
     short, and the process's own (0) for an actor ended between two methods or by exit_actor."""
-    global _tearing, _done
-    if _tearing:
+    if _state.tearing:
         return
-    _tearing = True
+    _state.tearing = True
     ray_guard.due(time.time() + config.RAY_GRACE + 0.5)  # a backup to the watch of whoever ended it, if any
     code = train_exit_code()
     code = SIGTERM_CODE if code is None and interrupted else code
@@ -187,7 +203,7 @@ def _teardown(interrupted):
         engine.finalize(_budget(config.RAY_GRACE), exit_code=code)
         gc.collect()
     finally:
-        _done = True
+        _state.done = True
         restore_ray_abort()
 
 
@@ -201,19 +217,18 @@ def _on_make_executor(wrapped, instance, args, kwargs):
     executor = wrapped(*args, **kwargs)
 
     def run_method(*method_args, **method_kwargs):
-        global _in_method
-        if not _marked:
+        if not _state.marked:
             _mark()
         main = threading.get_ident() == _main
-        _in_method += main
+        _state.in_method += main
         try:
             return executor(*method_args, **method_kwargs)
         except BaseException:
-            if main and _asked:
+            if main and _state.asked:
                 _teardown(interrupted=True)  # unwound by Ray's SystemExit: the method is over, its children live
             raise
         finally:
-            _in_method -= main
+            _state.in_method -= main
 
     run_method.name, run_method.method = executor.name, executor.method  # Ray reads them
     return run_method
@@ -222,8 +237,7 @@ def _on_make_executor(wrapped, instance, args, kwargs):
 def _mark():
     """Before the actor's first method (its __init__): what it starts carries its id (ray_guard.py),
     and its first process registers it with its guard."""
-    global _marked
-    _marked = True
+    _state.marked = True
     try:
         if in_actor():
             import multiprocessing.process
@@ -256,10 +270,8 @@ def _after_fork_in_child():
     is `forked`, which every Ray call of ours checks: it is no actor (in_actor() is False: it announces
     nothing, hands no ending on), removes no key (ray_driver), none of its parent's state (announced,
     asked, tearing down) is its own, and a SIGTERM handler of Ray's it inherited goes on as without us."""
-    global forked, _started, _asked, stopped, _tearing, _done, _deferred, _in_method
-    forked = _started = _done = True
-    _asked = stopped = _tearing = _deferred = False
-    _in_method = 0
+    global _state
+    _state = _State(forked=True)
     ray_guard.after_fork_in_child()
 
 

@@ -169,7 +169,7 @@ def main(mode):
         from autoteardown import threads
 
         it = loader()  # noqa: F841
-        with threads._lock:  # the timers' lock, held by the main thread when the signal comes
+        with threads._state.lock:  # the timers' lock, held by the main thread when the signal comes
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(50):
                 time.sleep(0.1)

@@ -74,7 +74,7 @@ if mode == "forklock":
     inside = threading.Event()
 
     def inside_the_registry():
-        with registry._lock:
+        with registry._state.lock:
             inside.set()
             time.sleep(2)
 
