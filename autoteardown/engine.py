@@ -12,10 +12,11 @@ What it waits for: work whose result outlives the process (a tracker's records, 
 checkpoint being written), within the budget. A process it ends is ended as the
 process would end it without the shim, never sooner (integrations/torch.py's workers).
 
-Each step runs in a runner thread (threads.py) and may use the time left but a second
-per later step; another runner drives the steps, so the calling thread only waits, the
-one place that can ignore what a signal handler raises (torch's SIGCHLD one). Without
-a runner, a step runs inline under an alarm. Errors are one warning, never raised.
+Each step runs in a runner thread (threads.py) and may use its share of the deadline
+(deadlines.py: made once, where the ending begins, and handed down); another runner
+drives the steps, so the calling thread only waits, the one place that can ignore what
+a signal handler raises (torch's SIGCHLD one). Without a runner, a step runs inline
+under an alarm. Errors are one warning, never raised.
 The exit status handed on is exitstatus.py's.
 """
 
@@ -24,7 +25,7 @@ import os
 import sys
 import time
 
-from . import config, cpython, exitstatus, forksafe, log, registry
+from . import config, cpython, deadlines, exitstatus, forksafe, log, registry
 from .patches import Patches
 
 TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
@@ -129,7 +130,7 @@ def finalize(timeout: float | None = None, kinds=None, exit_code: int | None = N
     """Finalize every live resource now (or those of `kinds`) within `timeout` seconds,
     handing on `exit_code` if given. A KeyboardInterrupt or SystemExit while waiting
     stops the teardown (the rest stays recorded) and is raised again."""
-    interrupted = _finalize(time.monotonic() + (config.TIMEOUT if timeout is None else timeout), kinds, exit_code)
+    interrupted = _finalize(deadlines.of_ending(timeout=timeout), kinds, exit_code)
     if interrupted is not None:
         raise interrupted
 
@@ -145,7 +146,7 @@ def _finalize(deadline: float, only=None, exit_code: int | None = None, why: str
     stop: "list[BaseException]" = []
     state.finalizer = _thread.get_ident()
     exitstatus.hand_on(exit_code)
-    outcome, interrupted, _ = _in_runner(_run_steps, (deadline, only, stop, why), deadline + 1.0, "the teardown")
+    outcome, interrupted, _ = _in_runner(_run_steps, (deadline, only, stop, why), deadlines.hard_end(deadline), "the teardown")
     if outcome and isinstance(outcome[0], BaseException):
         log.debug_exception("finalize failed", exc_info=outcome[0])
     if interrupted is not None:
@@ -174,8 +175,7 @@ def _run_steps(deadline: float, only, stop: list, why: str | None) -> None:
                 break
             if obj is not None:
                 registry.forget(obj)  # just before its step: an interrupted teardown leaves the rest
-            # All the time left but a second for each later step (at least its fair share).
-            _run_bounded(kind_name, obj, func, max(remaining / left, remaining - (left - 1) * 1.0))
+            _run_bounded(kind_name, obj, func, deadlines.share(deadline, left - 1))
         if steps or only is None:
             _report("end", time.monotonic() - started, bool(stop))
     finally:
@@ -222,7 +222,7 @@ def _in_runner(func, args: tuple, until: float, what: str):
 
     if threads.submit(run):
         return outcome, _wait(done, until, what), runner
-    guard = threads.alarm(until + 1.0, lambda: signals.end_process(code=exitstatus.ending()[0]))
+    guard = threads.alarm(deadlines.hard_end(until), lambda: signals.end_process(code=exitstatus.ending()[0]))
     try:
         run()
     finally:
@@ -345,7 +345,7 @@ def _exit_teardown() -> None:
 
     _state.exit_done = True
     received = signals.received()
-    deadline = (received[1] if received else time.monotonic()) + config.TIMEOUT
+    deadline = deadlines.of_ending(received[1] if received else None)
     interrupted = _finalize(deadline)
     if interrupted is not None:
         log.debug("exit teardown cut short by %r", interrupted)
@@ -354,8 +354,8 @@ def _exit_teardown() -> None:
         signals.end_process(received[0])
     if _state.left_behind:
         # What holds a step (a server that does not answer) holds the libraries' own exit hooks
-        # too: a second after the deadline the process ends as it was ending, whatever still runs.
-        threads.alarm(deadline + 1.0, _end_as_ending)
+        # too: past the deadline the process ends as it was ending, whatever still runs.
+        threads.alarm(deadlines.hard_end(deadline), _end_as_ending)
 
 
 def _end_as_ending() -> None:
@@ -392,7 +392,7 @@ def _take_over(signum: int, at: float, why: str) -> None:
     log.debug("SIGTERM: %s after %.1fs; tearing down from a helper thread", why, time.monotonic() - at)
 
     def work() -> None:
-        _finalize(at + config.TIMEOUT, why="SIGTERM")
+        _finalize(deadlines.of_ending(at), why="SIGTERM")
         signals.end_process(signum)
 
     threads.run_soon(work)

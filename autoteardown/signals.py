@@ -12,8 +12,8 @@
    it to the teardown (`is_stop`).
 4. The helper bounds what cannot be unwound: no unwind within WAIT_FOR_MAIN_THREAD (C
    code), or no teardown at half the deadline (swallowed): the engine takes over (its
-   `take_over` callback) and ends the process. TIMEOUT + 1 s after the signal the
-   process ends whatever still runs.
+   `take_over` callback) and ends the process. A second past the deadline the process
+   ends whatever still runs. Every one of these times is deadlines.py's.
 5. `end_process` alone ends a process early, after the multiprocessing children it
    started (a ProcessPoolExecutor's workers).
 
@@ -29,9 +29,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import config, cpython, forksafe, threads
+from . import cpython, deadlines, forksafe, threads
 
-WAIT_FOR_MAIN_THREAD = 1.0
 CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
 
 
@@ -172,7 +171,7 @@ def unwound_by_another(signum: int) -> None:
     def watch() -> None:
         if _state.take_over is not None:
             take_over = _state.take_over
-            threads.alarm(at + config.TIMEOUT / 2,
+            threads.alarm(deadlines.take_over_at(at),
                           lambda: _state.exiting or take_over(signum, at, "its unwind was lost"))
 
     threads.soon(watch)
@@ -247,9 +246,9 @@ def _on_wakeup(data: bytes) -> None:
     _state.watched = True
     signum, at = _state.received or (signal.SIGTERM, time.monotonic())
     take_over = _state.take_over
-    threads.alarm(at + WAIT_FOR_MAIN_THREAD, lambda: _state.raised or take_over(signum, at, "no unwind"))
-    threads.alarm(at + config.TIMEOUT / 2, lambda: take_over(signum, at, "not torn down at half the deadline"))
-    threads.alarm(at + config.TIMEOUT + 1.0, lambda: end_process(signum))
+    threads.alarm(at + deadlines.WAIT_FOR_MAIN_THREAD, lambda: _state.raised or take_over(signum, at, "no unwind"))
+    threads.alarm(deadlines.take_over_at(at), lambda: take_over(signum, at, "not torn down at half the deadline"))
+    threads.alarm(deadlines.hard_end(deadlines.of_ending(at)), lambda: end_process(signum))
 
 
 # ---- ending a process ----------------------------------------------------------

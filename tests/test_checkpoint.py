@@ -176,8 +176,8 @@ def test_a_save_stuck_on_a_collective_is_given_up_without_its_budget(jobs, shim)
     signalled at once: with the shim the ranks are gone within the SIGTERM's wait for the main
     thread (stuck in the collective) and the save's STALL_S, far inside the budget; the status
     is torchrun's as without the shim, and no .metadata either way."""
+    from autoteardown.deadlines import WAIT_FOR_MAIN_THREAD
     from autoteardown.integrations.checkpoint import STALL_S
-    from autoteardown.signals import WAIT_FOR_MAIN_THREAD
 
     budget = 30
     proc = jobs.popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

@@ -55,9 +55,7 @@ def test_sigterm_mid_epoch(jobs):
 def test_sigterm_while_the_main_thread_is_stuck_in_c_code(jobs):
     # The helper thread takes over when the main thread cannot run the handler: the
     # process ends within its wait for the main thread and the teardown deadline.
-    from autoteardown import signals
-
-    wait = getattr(signals, "WAIT_FOR_MAIN_THREAD", 2.0)
+    from autoteardown.deadlines import WAIT_FOR_MAIN_THREAD as wait
     result, took = sigterm(jobs, "stuck", AUTOTEARDOWN_TIMEOUT=TIMEOUT)
     assert result.returncode == -signal.SIGTERM, result
     assert took < wait + TIMEOUT + LOAD_MARGIN, result

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 
-from .. import config, engine, log, registry, threads
+from .. import config, deadlines, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
 from .ray_guard import clock, descendants, guarded, kill_if_same_process, remote_kill_on, signal_running
@@ -232,7 +232,7 @@ def finalize_collected(timeout):
         for actor in ending:
             actor.locate()
         # The actors' grace, then their descendants' (the rule of ray_guard.py).
-        until = min(deadline, max((actor.due for actor in ending), default=0.0) + config.RAY_GRACE + 1.0)
+        until = min(deadline, deadlines.actors_gone(max((actor.due for actor in ending), default=0.0)))
         while not all([actor.poll() for actor in ending]) and time.monotonic() < until:
             time.sleep(0.05)
     finally:
@@ -393,7 +393,7 @@ class _Ending:
         killed = False
         if self.kill_task is not None:
             ready, _ = ray.wait([self.kill_task], timeout=0)
-            if not ready and time.monotonic() < self.due + 30:
+            if not ready and time.monotonic() < self.due + deadlines.REMOTE_TASK_S:
                 return False
             killed, self.ended = ray.get(ready[0], timeout=0) if ready else (False, 0)
         else:

@@ -19,19 +19,17 @@ second, and a watchdog ends the process just inside it.
 import faulthandler
 import functools
 import gc
-import math
 import os
 import signal
 import sys
 import threading
 import time
 
-from .. import config, cpython, engine, forksafe, log, registry, signals, threads
+from .. import config, cpython, deadlines, engine, forksafe, log, registry, signals, threads
 from ..patches import Patches
 from . import patches_of, ray_guard
 
 SIGTERM_CODE = 128 + 15
-RAY_ABORT_S = 3   # abseil's alarm_on_failure_secs in Ray's failure-signal handler
 ARMED = b"autoteardown-armed"  # the GCS KV namespace of the actors with something to tear down (armed_key)
 STARTED = b"started"  # the value there of an actor that has started processes but recorded nothing
 _main = threading.main_thread().ident
@@ -170,13 +168,13 @@ def _defer_ray_abort():
     shutdown then gets its 3 s (restore_ray_abort). An alarm with a Python handler is the user's."""
     if not _state.deferred and signal.getsignal(signal.SIGALRM) in (None, signal.SIG_DFL) and signal.alarm(0):
         _state.deferred = True
-        signal.alarm(math.ceil(config.TIMEOUT) + RAY_ABORT_S)  # alarm() counts whole seconds
+        signal.alarm(deadlines.ray_abort())
 
 
 def restore_ray_abort():
     if _state.deferred:
         _state.deferred = False
-        signal.alarm(RAY_ABORT_S)
+        signal.alarm(deadlines.RAY_ABORT_S)
 
 
 def _teardown_then_resend():
@@ -195,12 +193,12 @@ def _teardown(interrupted):
     if _state.tearing:
         return
     _state.tearing = True
-    ray_guard.due(time.time() + config.RAY_GRACE + 0.5)  # a backup to the watch of whoever ended it, if any
+    ray_guard.due(deadlines.actor_due(time.time()))  # a backup to the watch of whoever ended it, if any
     code = train_exit_code()
     code = SIGTERM_CODE if code is None and interrupted else code
     try:
-        threads.alarm(time.monotonic() + max(0.5, config.RAY_GRACE - 0.25), _overdue)  # before anything can hang
-        engine.finalize(_budget(config.RAY_GRACE), exit_code=code)
+        threads.alarm(time.monotonic() + deadlines.actor_watchdog(), _overdue)  # before anything can hang
+        engine.finalize(deadlines.actor_teardown(config.RAY_GRACE), exit_code=code)
         gc.collect()
     finally:
         _state.done = True
@@ -278,11 +276,6 @@ def _after_fork_in_child():
 forksafe.register(__name__, _after_fork_in_child)
 
 
-def _budget(patience):
-    """The in-band teardown's share of what Ray waits before it kills the worker."""
-    return min(config.TIMEOUT, max(0.5, patience - 1.0))
-
-
 # ---- Ray Train v2 -------------------------------------------------------------
 
 class TrainingStopped(SystemExit):
@@ -326,7 +319,7 @@ def _finalize_train_worker():
     try:
         if not in_actor():
             return
-        code, budget = train_exit_code(), _budget(_train_patience())
+        code, budget = train_exit_code(), deadlines.actor_teardown(_train_patience())
         thread = getattr(_train_runner(), "_thread", None)
         if code == SIGTERM_CODE and thread is not None and thread.is_alive():
             budget /= 2  # half to stop it, half to finalize
