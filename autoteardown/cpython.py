@@ -11,6 +11,7 @@ CI matrix); tests/test_structure.py keeps every use in this module.
   `process._children` and a process's `_parent_pid`; all four): a child's exit path, which runs
   no atexit, and the children a process started.
 - A module being imported (`ModuleSpec._initializing`; all four).
+- A signal's handler as set (`_signal.getsignal`; all four), in the few bytecodes a handler has.
 - ctypes (all four): libc's signal() from a thread other than the main one, and
   `PyThreadState_SetAsyncExc`, an exception raised in another thread at its next bytecode.
 """
@@ -100,6 +101,17 @@ def disown(processes) -> None:
     started: "set[Any]" = getattr(sys.modules.get("multiprocessing.process"), "_children", set())
     for process in processes:
         started.discard(process)
+
+
+# ---- signals -------------------------------------------------------------------
+
+def handler_of(signum: int) -> object:
+    """signal.getsignal(signum) without its enum conversion (`_signal.getsignal`, all four), which
+    raises and catches a ValueError for every Python handler: dozens of bytecodes, and at each a
+    signal that comes meanwhile (a worker's SIGCHLD) runs its handler nested in the caller's."""
+    import _signal
+
+    return _signal.getsignal(signum)
 
 
 # ---- ctypes --------------------------------------------------------------------

@@ -147,11 +147,14 @@ forksafe.register(__name__, _after_fork_in_child)
 # ---- the handler and the unwind ------------------------------------------------
 
 def _handler(signum: int, frame: object) -> None:
-    if signal.getsignal(signum) is not _handler:
+    # Each bytecode here is a point where a signal that comes meanwhile runs its handler nested in
+    # this one: a group SIGTERM kills the DataLoader workers too, and torch's SIGCHLD handler would
+    # report them. So the check is one C call, and on_sigterm (which takes them off its watch) first.
+    if cpython.handler_of(signum) is not _handler:
         return  # called by the handler that replaced ours: it decides
-    record(signum)
     if _state.on_sigterm is not None:
         _state.on_sigterm(signum)
+    record(signum)
     threads.wake()
     if not _state.raised and not _state.exiting:
         if _state.hold:

@@ -106,7 +106,7 @@ def test_import_autoteardown_imports_none_of_the_libraries_nor_what_is_costly():
 
 
 # CPython's private internals (cpython.py says which, and on which versions they were checked).
-CPYTHON_INTERNALS = re.compile(r"ctypes|threading\._shutdown|[.'\"](_getframe|_current_frames|_threading_atexits|"
+CPYTHON_INTERNALS = re.compile(r"ctypes|threading\._shutdown|import _signal\b|[.'\"](_getframe|_current_frames|_threading_atexits|"
                                r"_register_atexit|_SHUTTING_DOWN|_exit_function|_bootstrap|_children|_parent_pid|"
                                r"_initializing)\b")
 
