@@ -95,8 +95,9 @@ def test_code_that_swallows_the_systemexit_is_ended_within_the_deadline(jobs):
 
 
 def test_a_handler_chaining_to_ours_runs_its_own_code_and_decides(jobs):
-    # No bound on time is tested here: the deadline holds wandb's finish and teardown with the load margin.
-    result, _ = signalled(jobs, "chained", signal.SIGTERM, AUTOTEARDOWN_TIMEOUT=TIMEOUT + LOAD_MARGIN)
+    # No bound on time is tested here, so the deadline is a generous one: under the suite's load,
+    # wandb.teardown()'s wait for wandb-core alone has taken over 9 s (then left behind, with a warning).
+    result, _ = signalled(jobs, "chained", signal.SIGTERM, AUTOTEARDOWN_TIMEOUT=TIMEOUT + 4 * LOAD_MARGIN)
     assert result.returncode == 0, result  # its sys.exit(0), not -15
     assert "SAVED: checkpoint" in result.stdout, result
     assert jobs.runs() == [("main", STEPS, [0])], result  # the code the process really exits with
