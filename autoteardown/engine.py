@@ -214,7 +214,7 @@ def _in_runner(func, args: tuple, until: float, what: str):
         stepping.add(_thread.get_ident())
         try:
             outcome.append(func(*args))
-        except BaseException as exc:  # SystemExit too: wandb.teardown() can raise it
+        except BaseException as exc:  # SystemExit too: a library may call sys.exit() in a step
             outcome.append(exc)
         finally:
             stepping.discard(_thread.get_ident())

@@ -116,7 +116,7 @@ def untrack() -> None:
 
 
 def _on_sys_exit(wrapped, instance, args, kwargs):
-    # Only the main thread's call ends the process (wandb.teardown() calls it in a runner).
+    # Only the main thread's call ends the process (a step, in a runner, may call it too).
     if _thread.get_ident() == _main_ident():
         main, frames, frame = getattr(sys.modules.get("__main__"), "__dict__", None), [], cpython.caller()
         while frame is not None:

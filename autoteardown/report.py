@@ -24,7 +24,7 @@ class _State:
 
 
 _state = _State()
-_AFTER_ALL = {"wandb": "wandb.teardown() (wandb-core writes out and stops)",
+_AFTER_ALL = {"wandb": "teardown, its exit hook run now (wandb-core writes out and stops)",
               "trackio": "its exit hook taken off (it would finish a run twice)"}
 
 

@@ -20,7 +20,7 @@ def test_describe_never_raises_and_falls_back_to_the_type_name():
 
     for kind in ("dataloader", "wandb", "ray", "process_group", "tensorboard", "mlflow", "unknown"):
         assert report.describe(kind, Weird()) in ("Weird", "run", "DataLoader (no workers)"), kind
-    assert report.describe("wandb", None).startswith("wandb.teardown()")
+    assert report.describe("wandb", None).startswith("teardown, its exit hook")
 
 
 @pytest.mark.needs_torch
@@ -56,7 +56,7 @@ def test_real_resources_are_named_as_the_user_knows_them(jobs, tmp_path):
                     result.stderr).group(1)
     for expected in ("teardown started by SIGTERM; exit code handed on: 143",
                      "  finalized in 0.010s: dataloader DataLoader with 2 worker(s) (pid",
-                     "  failed: RuntimeError: injected in 0.030s: wandb wandb.teardown()",
+                     "  failed: RuntimeError: injected in 0.030s: wandb teardown, its exit hook",
                      f"  left behind in 5.000s: ray actor Trainer {actor_id[:8]}",
                      "teardown done in 5.060s: 2 finalized, 1 failed, 1 left behind"):
         assert f"autoteardown: [pid {pid}] DEBUG: {expected}" in result.stderr, (expected, result.stderr)

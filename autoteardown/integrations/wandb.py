@@ -1,8 +1,9 @@
 """wandb runs: finish each one with the process's exit code, before wandb's own exit hook.
 
-Every run this process created is finished (`wandb.run` holds only the latest), then
-`wandb.teardown()` unregisters wandb's atexit hook and waits for wandb-core. Not `sys.excepthook`:
-wandb's calls a non-default one after printing, so tracebacks would print twice.
+Every run this process created is finished (`wandb.run` holds only the latest), then wandb's own
+exit hook is run: its service connection's teardown takes that hook off and waits for wandb-core
+to write out and stop. Not `sys.excepthook`: wandb's calls a non-default one after printing, so
+tracebacks would print twice.
 
 A run whose finish is still waiting for the server when its budget is over (a server that
 stalls or is gone) has its data, exit record included, in its local run file: it is taken off
@@ -139,7 +140,7 @@ def _exit_code():
 def finalize_one(run, timeout: float) -> "str | None":
     """Finish the run with the process's exit code."""
     if getattr(run, "_is_finished", True) or _setup() is None:
-        return None  # finished by the user, or wandb.teardown() closed it
+        return None  # finished by the user, or wandb was torn down (after_all)
     status = _core_status()
     if status is None:
         _finishing.add(run)
@@ -155,28 +156,40 @@ def finalize_one(run, timeout: float) -> "str | None":
 
 
 def after_all(timeout: float) -> "str | None":
-    """wandb.teardown(): wandb-core writes out and stops; wandb's own exit hook is taken off.
+    """wandb's own exit hook, run now: the service connection's teardown, in which wandb-core writes
+    out and stops and that hook is taken off; this process's wandb is then torn down, as after
+    `wandb.teardown()`. Not `wandb.teardown()` itself: it also joins wandb's asyncio thread, which
+    wandb's exit never does (a daemon thread), and that join never returns once an exception
+    raised into the main thread while wandb scheduled a task (a signal handler's SystemExit during
+    a console write) left the task counted but never run.
     After a finish let go, "left behind": what waits on the server (wandb's telemetry exit hook,
     up to its 10 s request) is cut as after a step left behind (engine.py)."""
-    if _setup() is None:
+    setup = _setup()
+    if setup is None:
         return None  # torn down already
     for run in list(_finishing):  # left behind: the server did not answer
         _finishing.discard(run)
-        _setup().remove_active_run(run)
+        setup.remove_active_run(run)
         _warn_not_uploaded(run)
     core_died = _core_status() is not None
-    import wandb
+    from wandb.sdk import wandb_setup
 
+    with wandb_setup._singleton_lock:
+        if wandb_setup._singleton is setup:
+            wandb_setup._singleton = None
+    connection = getattr(setup, "_connection", None)
+    if connection is None or getattr(connection, "_torn_down", False):
+        return "left behind" if _let_go else None
     try:
-        wandb.teardown(exit_code=_exit_code())
-    except SystemExit as exc:
-        # wandb.teardown() calls sys.exit() with wandb-core's status when it is not 0.
-        _warn_core_ended(exc.code if isinstance(exc.code, int) else 1)
+        status = connection.teardown(_exit_code())
     except Exception:
         if not core_died:
             raise
         # With wandb-core gone it raises, after unregistering wandb's hook: what we need.
-        log.debug_exception("wandb.teardown() with wandb-core gone")
+        log.debug_exception("wandb's teardown with wandb-core gone")
+    else:
+        if status not in (None, 0):
+            _warn_core_ended(status)
     return "left behind" if _let_go else None
 
 

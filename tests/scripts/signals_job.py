@@ -6,6 +6,8 @@ MODE:
   swallow      a wandb run, then a loop that catches BaseException and goes on
   chained      a wandb run, then a handler chaining to the one it finds (ours): it
                calls it first, then "saves" and sys.exit(0)s, as ddtrace-style chaining does
+  midwrite     a wandb run; the signal comes while wandb's console capture hands a line to its
+               asyncio thread (argv[2]: "ours", our handler; "chained", the chained handler above)
   pool         a fork-context multiprocessing Pool whose task is stuck in C code;
                prints how long pool.terminate() took
   rawfork      an os.fork() child stuck in C code gets SIGTERM; prints how it ended
@@ -119,6 +121,36 @@ elif mode == "chained":
 
     signal.signal(signal.SIGTERM, handler)
     wait_for_signal()
+elif mode == "midwrite":
+    import asyncio
+
+    run = start_run()
+    if sys.argv[2] == "chained":
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def handler(signum, frame):
+            if callable(previous):
+                previous(signum, frame)
+            report("SAVED", "checkpoint")
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, handler)
+    handing_over = asyncio.run_coroutine_threadsafe
+    held = []
+
+    def held_open(coro, loop):
+        # wandb has counted the task, not yet handed it over: the window a signal can land in,
+        # held open until it comes (a real signal; only its timing is arranged).
+        if held and threading.current_thread() is threading.main_thread():
+            held.clear()
+            os.write(1, b"\nREADY\n")  # not through sys.stdout: wandb would capture it here
+            while True:
+                time.sleep(0.05)
+        return handing_over(coro, loop)
+
+    asyncio.run_coroutine_threadsafe = held_open
+    held.append(True)
+    print("a line wandb's console capture sends to wandb-core")
 elif mode == "pool":
     import multiprocessing
 
