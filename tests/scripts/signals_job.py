@@ -81,6 +81,19 @@ def exiting():
     report("EXITING", time.monotonic())
 
 
+def chain_a_handler():
+    # Calls the handler it replaces (ours) first, then "saves" and exits 0, as ddtrace-style chaining does.
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        if callable(previous):
+            previous(signum, frame)
+        report("SAVED", "checkpoint")
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def wait_for_signal():
     print("READY", flush=True)
     while True:
@@ -111,30 +124,14 @@ elif mode == "swallow":
             report("SWALLOWED", time.monotonic())
 elif mode == "chained":
     run = start_run()
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):
-        if callable(previous):
-            previous(signum, frame)
-        report("SAVED", "checkpoint")
-        sys.exit(0)
-
-    signal.signal(signal.SIGTERM, handler)
+    chain_a_handler()
     wait_for_signal()
 elif mode == "midwrite":
     import asyncio
 
     run = start_run()
     if sys.argv[2] == "chained":
-        previous = signal.getsignal(signal.SIGTERM)
-
-        def handler(signum, frame):
-            if callable(previous):
-                previous(signum, frame)
-            report("SAVED", "checkpoint")
-            sys.exit(0)
-
-        signal.signal(signal.SIGTERM, handler)
+        chain_a_handler()
     handing_over = asyncio.run_coroutine_threadsafe
     held = []
 
