@@ -111,7 +111,7 @@ def test_a_signal_while_wandb_hands_a_line_to_its_thread_ends_as_soon_as_without
     code = -signal.SIGTERM if handler == "ours" else 0
     assert result.returncode == code, result
     assert warnings(result) == [] and tracebacks(result.stderr) == 0, result
-    assert took < TIMEOUT, result  # not held to the deadline
+    assert took < TIMEOUT + LOAD_MARGIN, result  # held to the deadline, it would also have warned (above)
     assert jobs.runs() == [("main", STEPS, [SIGTERM_CODE if handler == "ours" else 0])], result
     assert_nothing_left(result)
 
