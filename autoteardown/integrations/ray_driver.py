@@ -11,14 +11,13 @@ Train's controller): actors it ends really end, and live ones tear down first.
   SIGTERM, which ray_worker.py turns into its teardown; the others are left to Ray. A stopped job's
   GCS may be going away: its driver asks GCS nothing before the actors are sent SIGTERM, all at once
   (the pids were looked up soon after the actors started: `_learn`), and removes its keys after.
-- Either way a driver that ended the actor kills its pid AUTOTEARDOWN_RAY_GRACE_S later if it is
-  still the same Ray worker (the timer is the helper thread's, the work a runner's); on another node,
-  through a zero-CPU task pinned there, sent at once so that its new worker starts within the grace.
-  It ends the actor's descendants once it is gone, unless the actor's guard has it (ray_guard.guarded):
-  then the guard signals them and the watch waits.
+- Either way a driver that ended the actor hands the ending to the actor's guard on its node
+  (ray_guard.py: through a zero-CPU task if that is another node, sent at once so that its worker
+  starts within the grace), which kills it AUTOTEARDOWN_RAY_GRACE_S later if it is still there and
+  then ends the processes it started; the driver waits for its answer.
   An actor that ends actors can itself be ended first, even with no Python hook (Ray kills an actor
-  whose last handle is dropped at once), so it watches nothing: the guard on the ended actor's node
-  (ray_guard.py) ends it at its due time and its processes once it is gone.
+  whose last handle is dropped at once), so it hands nothing on: the guard on the ended actor's node
+  ends it at its due time and its processes once it is gone.
 - An actor's key in GCS (ray_worker.ARMED) goes when it ends, removed by the process that ended it,
   and a driver removes all of its job's keys at its end: a shared cluster outlives its jobs.
 """
@@ -31,7 +30,7 @@ import time
 from .. import config, deadlines, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_guard import clock, descendants, guarded, kill_if_same_process, remote_kill_on, signal_running
+from .ray_guard import clock, descendants, end_answer, end_request, kill_if_same_process, remote_end_on, source
 
 KIND = kind_of("ray")
 
@@ -305,7 +304,8 @@ def armed(actor_ids):
 # ---- ending actors ------------------------------------------------------------
 
 class _Ending:
-    """An actor told to end (or sent `signum` now), watched until its process is gone."""
+    """An actor told to end (or sent `signum` now), handed to its job's guard on its node (ray_guard.py),
+    and watched until the guard answers: the actor is gone, and so are the processes it started."""
 
     def __init__(self, handle, requested_at, signum=None, info=None):
         self.actor_id = handle._ray_actor_id.hex()
@@ -316,18 +316,14 @@ class _Ending:
         # Its process is one created before this (wall clock): a later process at its pid is not it.
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
         self.due = time.monotonic() + config.RAY_GRACE
-        self.pid = self.kill_task = self.node_id = None
-        self.elsewhere = False   # on another node: ended from there (a task)
-        self.guarded = False     # here, registered with its guard: the guard signals its descendants
-        self.tree = []           # its descendants: looked at when located, signalled once it is gone
-        self.tree_due = 0.0      # then: SIGKILL for what is left
-        self.ended = 0           # how many descendants were running when it was gone
+        self.pid = self.kill_task = self.sock = None  # the guard's answer comes through the task or the socket
+        self.ended = 0           # how many of its processes were running when it was gone
         self.done = False
         self._lock = threading.Lock()  # poll() runs in the exit's wait and in the timer's runner
 
     def locate(self):
-        """Find the actor's process (GCS keeps it after DEAD), signal it, and watch it, through a task
-        there if it is on another node."""
+        """Find the actor's process (GCS keeps it after DEAD) and hand its ending to its guard, through a
+        task there if it is on another node."""
         import ray
         import ray._private.state
 
@@ -341,17 +337,17 @@ class _Ending:
                 return self.finish()
             if state == "DEAD" and ended_ms:  # a process at its pid created after that is not it
                 self.not_after = min(self.not_after, ended_ms / 1000)
-            self.node_id = node_id = info.get("Address", {}).get("NodeID")
-            self.elsewhere = bool(node_id) and node_id != ray.get_runtime_context().get_node_id()
-            if self.elsewhere:
-                self.kill_task = remote_kill_on(node_id).remote(
-                    pid, self.not_after, self.requested_at + config.RAY_GRACE, self.signum, self.actor_id,
-                    config.RAY_GRACE)
+            here = ray.get_runtime_context().get_node_id()
+            node_id = info.get("Address", {}).get("NodeID") or here
+            request = (node_id, pid, self.not_after, self.actor_id, self.requested_at + config.RAY_GRACE,
+                       config.RAY_GRACE, self.signum or 0, source())
+            if node_id != here:
+                self.kill_task = remote_end_on(node_id).remote(*request)
             else:
-                self.tree = descendants(pid, self.not_after)  # its descendants, looked at now
-                self.guarded = guarded(node_id or ray.get_runtime_context().get_node_id(), self.actor_id)
-                if self.signum:
-                    kill_if_same_process(pid, self.not_after, self.signum)
+                self.sock = end_request(*request)
+                if self.sock is None:
+                    log.debug("no guard took the ending of actor %s", self.actor_id[:8])
+                    return self.finish()
             self.pid = pid
             self.watch()
         except Exception:
@@ -360,57 +356,40 @@ class _Ending:
 
     def watch(self):
         if not self.poll():
-            at = self.due if not self.tree_due else min(self.tree_due, time.monotonic() + 0.5)
-            threads.alarm(max(at, time.monotonic() + 0.5), lambda: threads.run_soon(self.watch))
+            threads.alarm(time.monotonic() + 0.5, lambda: threads.run_soon(self.watch))
 
     def poll(self):
-        """Done yet? Here: its process is gone (or the grace is over and it is killed), then its
-        descendants are (or their grace is over and they are killed). There: the task, which does
-        the same, has returned (or the grace is 30 s over)."""
+        """Done yet: has its guard answered (or, past the time it has to, is it given up)?"""
+        import ray
+
         with self._lock:
             if self.done or not self.pid:
                 return self.done  # or still being located
             try:
-                if not self.tree_due and not self._actor_gone():
-                    return False
-                if self.tree:
-                    self.tree = signal_running(self.tree, 0)
-                    if self.tree and time.monotonic() < self.tree_due:
+                if self.kill_task is not None:
+                    ready, _ = ray.wait([self.kill_task], timeout=0)
+                    if not ready and time.monotonic() < self.due + deadlines.REMOTE_TASK_S:
                         return False
-                    signal_running(self.tree, signal.SIGKILL)
+                    answer = ray.get(ready[0], timeout=0) if ready else (False, 0)
+                else:
+                    answer = end_answer(self.sock, 0)
+                    if answer is None and time.monotonic() < deadlines.actors_gone(self.due) + 1.0:
+                        return False
+                killed, self.ended = answer or (False, 0)
+                if killed:
+                    log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
+                                self.actor_id[:8], self.pid, config.RAY_GRACE,
+                                "SIGTERM" if self.signum else "__ray_terminate__")
+                if self.ended:
+                    log.debug("%s %s (pid %d): %d descendant(s) ended", self.class_name, self.actor_id[:8],
+                              self.pid, self.ended)
             except Exception:
                 log.debug_exception("reaping actor %s failed", self.actor_id[:8])
-            if self.ended:
-                log.debug("%s %s (pid %d): %d descendant(s) ended", self.class_name, self.actor_id[:8], self.pid,
-                          self.ended)
             self.finish()
             return True
 
-    def _actor_gone(self):
-        """Is the actor's process gone (killed at the grace)? Here, its descendants then get SIGTERM."""
-        import ray
-
-        killed = False
-        if self.kill_task is not None:
-            ready, _ = ray.wait([self.kill_task], timeout=0)
-            if not ready and time.monotonic() < self.due + deadlines.REMOTE_TASK_S:
-                return False
-            killed, self.ended = ray.get(ready[0], timeout=0) if ready else (False, 0)
-        else:
-            if time.monotonic() >= self.due:
-                killed = kill_if_same_process(self.pid, self.not_after)
-            elif kill_if_same_process(self.pid, self.not_after, 0):  # signal 0: still there?
-                return False
-            # Counted as they were when it was told to end: its guard may have ended some already.
-            found = descendants(self.pid, self.not_after, self.actor_id, self.tree, clock())
-            self.tree = signal_running(found, 0 if self.guarded else signal.SIGTERM)
-            self.ended, self.tree_due = len(found), time.monotonic() + config.RAY_GRACE
-        if killed:
-            log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
-                        self.actor_id[:8], self.pid, time.time() - self.requested_at,
-                        "SIGTERM" if self.signum else "__ray_terminate__")
-        return True
-
     def finish(self):
         self.done = True
+        if self.sock is not None:
+            self.sock.close()
         registry.forget(self)

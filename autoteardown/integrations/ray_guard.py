@@ -12,22 +12,25 @@ for the id, before it was gone: a restarted actor keeps its id). The guard is ne
 never signalled.
 
 Who applies it: the guard of the actor's job on the actor's node, a process in a session of its
-own (started through a shell that exits at once: Ray SIGKILLs an exiting actor's direct children).
-An actor registers with it (`watch`) when it first records something or starts a process; the
-guard holds a pidfd of the actor, so it learns of every ending the same way: the actor ends,
-crashes, is SIGKILLed or `ray.kill`ed, or its driver goes. An actor that begins its teardown says
-when it must be gone (`due`), and the guard kills it then if it is still there. The guard ignores
-SIGTERM and SIGINT (a scheduler's stop reaches every process at once: it outlives the actors to
-end their trees) and exits when it has no actor and no tree left. A registered actor's processes
-are signalled by its guard alone: a driver's watch asks it (`guarded`) and then only waits, so each
-gets one SIGTERM (a handler may take a second one as "stop now"). Its socket's name is abstract,
-keyed on the user, the Ray node and the job, so that two jobs never share one.
+own (started through a shell that exits at once: Ray SIGKILLs an exiting actor's direct children),
+and no one else. An actor registers with it (`watch`) when it first records something or starts a
+process; whoever ends an actor hands the ending to it (`end_request`: through a zero-CPU task from
+another node), and it adopts an actor that had not registered. The guard holds a pidfd of each
+actor, so it learns of every ending the same way: the actor ends, crashes, is SIGKILLed or
+`ray.kill`ed, or its driver goes. An actor that begins its teardown, or its ender, says when it
+must be gone (`due`), and the guard kills it then if it is still there; it answers each ender once
+the actor's processes are ended. It ignores SIGTERM and SIGINT (a scheduler's stop reaches every
+process at once: it outlives the actors to end their trees) and exits when it has no actor, tree or
+ender left. Each process gets one SIGTERM (a handler may take a second one as "stop now"). Its
+socket's name is abstract, keyed on the user, the Ray node and the job, so that two jobs never
+share one.
 
 Ray SIGKILLs an exiting actor's direct children itself; its per-worker process groups
 (RAY_process_group_cleanup_enabled) miss anything started in a new session. What is left is ours.
 
 `_make()` builds the functions so that cloudpickle ships them by value: they also run in a
-zero-CPU task on the actor's node, where autoteardown may not be installed.
+zero-CPU task on the actor's node, where autoteardown may not be installed; a guard runs this
+module's source, handed to it as a value.
 """
 
 import os
@@ -137,69 +140,111 @@ def _make():
 
         return f"\0autoteardown-guard-{os.getuid()}-{node_id}-{actor_id[-8:]}"
 
-    def guarded(node_id, actor_id):
-        """Has this actor registered with its guard on node `node_id` (this one)? The guard then ends its
-        processes once it is gone, and another watch only waits for them: each gets one SIGTERM."""
+    def start_guard(name, source):
+        """In the background, by a shell that exits at once, in a session of its own, marked as the guard
+        (so no actor's process), without `site` (-S), so that no sitecustomize, and no autoteardown, slows
+        it. Its code is this module's `source`, handed over as a value: a node may not have autoteardown.
+        Two parties may start one each at once: the second cannot take the name, and exits."""
+        import os
+        import subprocess
+        import sys
+
+        env = {**os.environ, MARKER: GUARD}
+        env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
+        try:
+            subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", sys.executable, "-S", "-c", source, name[1:]],
+                           env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+    def connect(name, line, source, wait):
+        """A connection to the guard `name` that took `line` (it answers ok), the guard started if there
+        is none; None if none took it within `wait`."""
+        import socket
+        import time
+
+        until, start_at = time.monotonic() + wait, 0.0
+        while time.monotonic() < until:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(max(0.01, until - time.monotonic()))
+                sock.connect(name)
+                sock.sendall(line.encode())
+                if sock.recv(3) == b"ok\n":  # taken: a guard that was exiting as this came closes instead
+                    return sock
+            except OSError:
+                pass
+            sock.close()
+            if time.monotonic() >= start_at:  # none, or one exiting as this came: a new one
+                start_guard(name, source)
+                start_at = time.monotonic() + 0.5
+            time.sleep(0.01)
+        return None
+
+    def end_request(node_id, pid, not_after, actor_id, due, grace, signum, source):
+        """Hand the ending of an actor on this node to its job's guard: `signum` (0: none) now if it is
+        still the Ray worker that existed at `not_after`, SIGKILL at `due` (wall clock), then its
+        processes. The connection its answer comes on (`end_answer`), None if no guard took it."""
+        line = f"end {pid} {not_after} {actor_id} {due} {grace} {signum or 0}\n"
+        return connect(guard_name(node_id, actor_id), line, source, REGISTER_WAIT_S)
+
+    def end_answer(sock, wait):
+        """(Was it killed at its due time, how many of its processes were running when it was gone), once
+        the guard has ended them; None if not yet within `wait`; (False, 0) if the guard is gone."""
         import socket
 
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(0.5)
-                sock.connect(guard_name(node_id, actor_id))
-                sock.sendall(f"has {actor_id}\n".encode())
-                return sock.recv(4) == b"yes\n"
-        except OSError:  # no guard (or none any more: it ended what it had)
-            return False
+            sock.settimeout(wait)
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(64)
+                if not chunk:
+                    return False, 0
+                data += chunk
+        except (socket.timeout, BlockingIOError):
+            return None  # an answer is one short line: a timeout comes before any of it
+        except OSError:
+            return False, 0
+        _, killed, ended = data.decode().split()
+        return killed == "1", int(ended)
 
-    def end_tree(tree, grace, term=True):
-        """SIGTERM (unless `term` is False: another sends it), then SIGKILL after `grace` what is still running."""
+    def end_on_node(node_id, pid, not_after, actor_id, due, grace, signum, source):
+        """`end_request` and its answer, waited for: a zero-CPU task's, on another node than its ender."""
         import time
 
-        running = signal_running(tree, 15 if term else 0)
-        until = time.monotonic() + grace
-        left = running
-        while left and time.monotonic() < until:
-            time.sleep(0.05)
-            left = signal_running(left, 0)
-        signal_running(left, 9)
+        sock = end_request(node_id, pid, not_after, actor_id, due, grace, signum, source)
+        if sock is None:
+            return False, 0
+        with sock:
+            return end_answer(sock, max(1.0, due - time.time()) + grace + 5.0) or (False, 0)
 
-    def kill_when_due(pid, not_after, due, signum=None, actor_id=None, grace=0.0, known=()):
-        """On the actor's node: send `signum` now; at `due` (wall clock), kill `pid` if it is still there;
-        then end its descendants (with `known`, an earlier look). (Was it killed, how many it had.)"""
-        import time
-
-        import ray
-
-        tree = descendants(pid, not_after, None, known)
-        term = not (actor_id and guarded(ray.get_runtime_context().get_node_id(), actor_id))
-        if signum:
-            kill_if_same_process(pid, not_after, signum)
-        killed = False
-        while time.time() < due:
-            if not kill_if_same_process(pid, not_after, 0):
-                break
-            time.sleep(0.05)
-        else:
-            killed = kill_if_same_process(pid, not_after)
-        found = descendants(pid, not_after, actor_id, tree, clock())
-        end_tree(found, grace, term)
-        return killed, len(found)  # as they were when it was told to end: its guard may have ended some
-
-    return kill_if_same_process, clock, descendants, signal_running, kill_when_due, guard_name, guarded
+    return (kill_if_same_process, clock, descendants, signal_running, guard_name, start_guard, connect,
+            end_request, end_answer, end_on_node)
 
 
-kill_if_same_process, clock, descendants, signal_running, kill_when_due, guard_name, guarded = _make()
+(kill_if_same_process, clock, descendants, signal_running, guard_name, start_guard, connect,
+ end_request, end_answer, end_on_node) = _make()
 
 
-def remote_kill_on(node_id):
-    """`kill_when_due` as a zero-CPU task pinned to that node (a driver's watch of an actor there)."""
+def remote_end_on(node_id):
+    """`end_on_node` as a zero-CPU task pinned to that node (an ender on another node)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    task = ray.remote(num_cpus=0, max_retries=0)(kill_when_due)
+    task = ray.remote(num_cpus=0, max_retries=0)(end_on_node)
     return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))
 
 
+_source: "list[str]" = []
+
+
+def source() -> str:
+    """This module's code: what a guard runs (`start_guard`), read once."""
+    if not _source:
+        with open(__file__, encoding="utf-8") as f:
+            _source.append(f.read())
+    return _source[0]
 
 
 # ---- the actor's side: registration -------------------------------------------
@@ -220,22 +265,19 @@ REGISTER_WAIT_S = 2.0  # a guard's start (python -S, psutil) and its first answe
 def watch(actor_id: str, grace: float, wait: float = REGISTER_WAIT_S) -> bool:
     """In an actor: registered with its job's guard on this node, started if there is none. Once a
     process; False if no guard took it within `wait` (the driver's exit still ends its processes)."""
+    import ray
+
     link = _state
     with link.lock:
         if link.pid == os.getpid():
             return True
-        name = _name(actor_id)
-        until, start_at = time.monotonic() + wait, 0.0
-        while time.monotonic() < until:
-            sock = _register(name, actor_id, grace, until)
-            if sock is not None:
-                link.pid, link.sock = os.getpid(), sock
-                return True
-            if time.monotonic() >= start_at:  # none, or one exiting as this came: a new one
-                _start(name)
-                start_at = time.monotonic() + 0.5
-            time.sleep(0.01)
-        return False
+        name = guard_name(ray.get_runtime_context().get_node_id(), actor_id)
+        sock = connect(name, f"watch {actor_id} {grace}\n", source(), wait)
+        if sock is None:
+            return False
+        sock.setblocking(False)  # `due` runs in a signal handler: it never waits
+        link.pid, link.sock = os.getpid(), sock
+        return True
 
 
 def due(at: float) -> None:
@@ -256,57 +298,19 @@ def after_fork_in_child() -> None:
         sock.close()
 
 
-def _name(actor_id):
-    import ray
-
-    return guard_name(ray.get_runtime_context().get_node_id(), actor_id)
-
-
-def _register(name, actor_id, grace, until):
-    import socket
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(max(0.01, until - time.monotonic()))
-        sock.connect(name)
-        sock.sendall(f"watch {actor_id} {grace}\n".encode())
-        if sock.recv(3) == b"ok\n":  # taken: a guard that was exiting as this came closes instead
-            sock.setblocking(False)  # `due` runs in a signal handler: it never waits
-            return sock
-    except OSError:
-        pass
-    sock.close()
-    return None
-
-
-def _start(name):
-    """In the background, by a shell that exits at once, in a session of its own, marked as the guard
-    (so no actor's process), without `site` (-S), so that no sitecustomize, and no autoteardown, slows it.
-    Two actors may start one each at once: the second cannot take the name, and exits."""
-    import subprocess
-    import sys
-
-    env = {**os.environ, MARKER: GUARD}
-    env["PYTHONPATH"] = os.pathsep.join(path for path in sys.path if path)  # psutil's, without site
-    guard = [sys.executable, "-S", os.path.abspath(__file__), name[1:]]  # an argument holds no NUL
-    try:
-        subprocess.run(["/bin/sh", "-c", '"$@" &', "sh", *guard], env=env, start_new_session=True,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=10, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
 # ---- the guard ----------------------------------------------------------------
 
 def serve(name):
-    """The guard's loop: each registered actor watched through a pidfd (where the kernel has none, a
-    poll of its pid and creation time); when one is gone, its tree gets SIGTERM, and SIGKILL at its
-    grace; an actor past its `due` is killed. Exits once it has had no actor and no tree for LINGER_S."""
+    """The guard's loop: each actor registered (`watch`) or handed over (`end`) watched through a pidfd
+    (where the kernel has none, a poll of its pid and creation time); when one is gone, its tree gets
+    SIGTERM, and SIGKILL at its grace; an actor past its due time is killed. Each ender is answered
+    once its actor's tree is ended. Exits once it has had no actor, tree or connection for LINGER_S."""
     import selectors
     import signal
     import socket
     import struct
+
+    import psutil
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
@@ -318,37 +322,63 @@ def serve(name):
     listener.listen(128)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
-    actors = {}  # pid -> {"created", "actor_id", "grace", "pidfd", "due", "known"}
-    taken = set()  # the ids of every actor it has watched: their processes are its to end
-    trees = []   # [processes still running, SIGKILL at (monotonic)]
+    actors = {}     # pid -> {"created", "actor_id", "grace", "pidfd", "due", "known", "enders", "killed"}
+    trees = []      # {"running", "kill_at" (monotonic), "enders", "killed", "ended"}
+    signalled = set()  # (pid, created) sent SIGTERM: a process gets one, whoever asks again
+    ended = {}      # actor id -> how many of its processes were running when it was gone
     idle_since = time.monotonic()
+
+    def adopt(pid, created, actor_id, grace):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd here: polled
+            pidfd = None
+        actors[pid] = {"created": created, "actor_id": actor_id, "grace": grace, "pidfd": pidfd, "due": None,
+                       "known": (), "enders": [], "killed": False}
+        if pidfd is not None:
+            selector.register(pidfd, selectors.EVENT_READ, pid)
+        return actors[pid]
+
+    def end_tree(tree, grace, enders, killed, actor_id):
+        fresh = [process for process in tree if process not in signalled]
+        signalled.update(fresh)
+        running = signal_running(fresh, signal.SIGTERM) + signal_running(set(tree) - set(fresh), 0)
+        ended[actor_id] = max(len(tree), ended.get(actor_id, 0))
+        trees.append({"running": running, "kill_at": time.monotonic() + grace, "enders": enders,
+                      "killed": killed, "ended": ended[actor_id]})
 
     def take(conn, line):
         word, _, rest = line.partition(" ")
         if word == "watch":
-            import psutil
-
             actor_id, grace = rest.split()
             pid = struct.unpack("3i", conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
             try:
                 created = psutil.Process(pid).create_time()
-                pidfd = os.pidfd_open(pid)
-            except (AttributeError, OSError):  # no pidfd here: polled
-                pidfd = None
             except psutil.Error:  # gone already: its tree by its id
-                created, pidfd = 0.0, None
-            actors[pid] = {"created": created, "actor_id": actor_id, "grace": float(grace), "pidfd": pidfd,
-                           "due": None, "known": ()}
-            taken.add(actor_id)
-            if pidfd is not None:
-                selector.register(pidfd, selectors.EVENT_READ, pid)
+                created = 0.0
+            if pid not in actors:
+                adopt(pid, created, actor_id, float(grace))
             conn.sock.send(b"ok\n")
             return pid
-        if word == "has":
-            conn.sock.send(b"yes\n" if rest in taken else b"no\n")
-        elif word == "due" and conn.pid in actors:
+        if word == "due" and conn.pid in actors:
             entry = actors[conn.pid]
-            entry["due"], entry["known"] = float(rest), descendants(conn.pid, entry["created"])
+            entry["due"], entry["known"] = float(rest), descendants(conn.pid, entry["created"], None, entry["known"])
+        elif word == "end":
+            fields = rest.split()
+            pid, not_after, actor_id = int(fields[0]), float(fields[1]), fields[2]
+            due_at, grace, signum = float(fields[3]), float(fields[4]), int(fields[5])
+            conn.sock.send(b"ok\n")
+            entry = actors.get(pid)
+            if entry is None and kill_if_same_process(pid, not_after, 0):
+                entry = adopt(pid, psutil.Process(pid).create_time(), actor_id, grace)
+            if entry is None:  # gone already: its processes by its id, and those it had
+                end_tree(descendants(pid, not_after, actor_id, (), clock()), grace, [conn], False, actor_id)
+                return conn.pid
+            entry["known"] = descendants(pid, entry["created"], None, entry["known"])
+            entry["due"] = min(due_at, entry["due"] or due_at)
+            entry["enders"].append(conn)
+            if signum:
+                signal_running([(pid, entry["created"])], signum)
         return conn.pid
 
     def gone(pid):
@@ -357,9 +387,7 @@ def serve(name):
             selector.unregister(entry["pidfd"])
             os.close(entry["pidfd"])
         tree = descendants(pid, entry["created"], entry["actor_id"], entry["known"], clock())
-        running = signal_running(tree, signal.SIGTERM)
-        if running:
-            trees.append([running, time.monotonic() + entry["grace"]])
+        end_tree(tree, entry["grace"], entry["enders"], entry["killed"], entry["actor_id"])
 
     class Conn:
         def __init__(self, sock):
@@ -394,20 +422,25 @@ def serve(name):
             if entry["pidfd"] is None and not signal_running([(pid, entry["created"])], 0):
                 gone(pid)
             elif entry["due"] is not None and wall >= entry["due"]:
-                entry["due"] = None  # killed once; its pidfd then says it is gone
+                entry["due"], entry["killed"] = None, True  # killed once; its pidfd then says it is gone
                 if entry["pidfd"] is not None:
                     try:
                         signal.pidfd_send_signal(entry["pidfd"], signal.SIGKILL)
                     except OSError:  # exited as this came: its pidfd says so
-                        pass
+                        entry["killed"] = False
                 else:
-                    signal_running([(pid, entry["created"])], signal.SIGKILL)
+                    entry["killed"] = bool(signal_running([(pid, entry["created"])], signal.SIGKILL))
         for tree in list(trees):
-            tree[0] = signal_running(tree[0], 0)
-            if tree[0] and now >= tree[1]:
-                signal_running(tree[0], signal.SIGKILL)
-            if not tree[0] or now >= tree[1]:
+            tree["running"] = signal_running(tree["running"], 0)
+            if tree["running"] and now >= tree["kill_at"]:
+                signal_running(tree["running"], signal.SIGKILL)
+            if not tree["running"] or now >= tree["kill_at"]:
                 trees.remove(tree)
+                for conn in tree["enders"]:
+                    try:
+                        conn.sock.send(f"done {int(tree['killed'])} {tree['ended']}\n".encode())
+                    except OSError:  # its ender is gone
+                        pass
         if actors or trees or len(selector.get_map()) > 1:
             idle_since = now
         elif now - idle_since >= LINGER_S:
@@ -418,5 +451,5 @@ def serve(name):
 if __name__ == "__main__":  # the guard
     import sys
 
-    del sys.path[0]  # this file's folder: its modules are named as libraries are
+    del sys.path[0]  # the current folder (-c): its modules are named as libraries are
     serve(sys.argv[1])

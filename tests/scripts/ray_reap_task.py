@@ -1,5 +1,5 @@
-"""The zero-CPU task a driver pins to another node, run against this node: it
-kills an actor that hangs after __ray_terminate__ (autoteardown itself disabled)."""
+"""The zero-CPU task a driver pins to another node, run against this node: its
+guard kills an actor that hangs after __ray_terminate__ (autoteardown itself disabled)."""
 
 import os
 import time
@@ -8,7 +8,7 @@ import ray
 
 from procs import running
 
-from autoteardown.integrations.ray_guard import remote_kill_on
+from autoteardown.integrations.ray_guard import remote_end_on, source
 
 ray.init()
 
@@ -30,7 +30,8 @@ print("PIDS:", pid, flush=True)
 requested_at = time.time()
 actor.__ray_terminate__.remote()
 time.sleep(1)
-killed, _ = ray.get(remote_kill_on(node_id).remote(pid, requested_at, time.time()), timeout=60)
+killed, _ = ray.get(remote_end_on(node_id).remote(node_id, pid, requested_at, actor._ray_actor_id.hex(), time.time(), 1.0, 0,
+                                                  source()), timeout=60)
 print("KILLED:", killed)
 # A SIGKILLed worker takes a moment to end (its threads, its mappings): poll, within a bound.
 gone_by = time.monotonic() + 10
