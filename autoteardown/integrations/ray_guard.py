@@ -394,7 +394,9 @@ def serve(name):
             self.sock, self.pid, self.buffer = sock, None, b""
 
     while True:
-        for key, _ in selector.select(0.1 if trees or any(e["pidfd"] is None for e in actors.values()) else 0.5):
+        wait = 0.1 if trees or any(e["pidfd"] is None for e in actors.values()) else 0.5
+        dues = [e["due"] - time.time() for e in actors.values() if e["due"] is not None]
+        for key, _ in selector.select(max(0.0, min([wait, *dues]))):  # awake at the first due time
             if key.data is None:
                 sock, _ = listener.accept()
                 sock.setblocking(False)
