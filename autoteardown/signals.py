@@ -29,9 +29,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import cpython, deadlines, forksafe, threads
+from . import cpython, deadlines, forksafe, processes, threads
 
-CHILDREN_GRACE = 1.0  # between SIGTERM and SIGKILL of the children end_process ends
+CHILDREN_GRACE = 1.0  # the grace of the children end_process ends
 
 
 class Stop(SystemExit):
@@ -263,28 +263,14 @@ def spare(pid: int) -> None:
 
 def end_process(signum: int | None = None, code: int = 0) -> None:
     """End this process now: SIGTERM the multiprocessing children it started but did not
-    `spare` (a pool's workers, orphaned without the shim), SIGKILL them after
+    `spare` (a pool's workers, orphaned without the shim) by processes.py's rule, with
     CHILDREN_GRACE, then die of `signum` as its default action would, or exit with `code`."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    children = [p for p in cpython.children() if p.pid not in _state.spared]
-    for method in ("terminate", "kill"):
-        until = time.monotonic() + CHILDREN_GRACE
-        for process in children:
-            try:
-                if process.exitcode is None:
-                    getattr(process, method)()
-            except Exception:
-                pass
-        for process in children:
-            try:
-                process.join(max(0.0, until - time.monotonic()))
-            except Exception:
-                pass
-        children = [p for p in children if p.exitcode is None]
+    processes.terminate([p for p in cpython.children() if p.pid not in _state.spared], CHILDREN_GRACE)
     if signum is not None:
         cpython.default_action(signum)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})

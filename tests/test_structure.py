@@ -124,3 +124,35 @@ def test_a_modules_state_is_its_one_state_object():
              for n, line in enumerate(p.read_text().splitlines(), 1)
              if re.match(r"\s*global ", line) and line.strip() != "global _state"]
     assert found == []
+
+
+def _ends_a_process(node, method):
+    """What `node` does that ends a process, outside a process handle's own kill() or terminate()."""
+    if method in ("kill", "terminate"):
+        return None
+    if "SIGKILL" in (getattr(node, "id", None), getattr(node, "attr", None)):
+        return "SIGKILL"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("kill", "terminate") \
+            and not (isinstance(node.func.value, ast.Name) and node.func.value.id in ("processes", "os")):
+        return f".{node.func.attr}()"  # os.kill's signal is checked by its name
+    return None
+
+
+def test_one_rule_ends_processes():
+    # processes.terminate is the one way to end processes (SIGTERM, the grace, SIGKILL, never a
+    # reused pid): SIGKILL is named, and a process's kill() or terminate() called, only there, in
+    # cpython.py, and in a process handle's own kill() or terminate(), the ones `terminate` calls.
+    found = []
+    for path in RUNTIME:
+        if path.name in ("processes.py", "cpython.py"):
+            continue
+        todo = [(ast.parse(path.read_text()), None)]
+        while todo:
+            node, method = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                method = node.name
+            what = _ends_a_process(node, method)
+            if what:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {what}")
+            todo += [(child, method) for child in ast.iter_child_nodes(node)]
+    assert found == []

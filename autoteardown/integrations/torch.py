@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from .. import cpython, log, registry
+from .. import cpython, log, processes, registry
 from ..patches import Patches
 from . import kind_of, recording
 
@@ -107,26 +107,12 @@ def finalize_one(it, timeout: float) -> None:
         left = [w for w in it._workers if w.exitcode is None]
         if left:
             on_sigterm(it)
-            for w in left:
-                w.terminate()
-            _join(left, time.monotonic() + grace)  # torch's handler: at once
-            if [w for w in left if w.exitcode is None] and not _lock_lost(shared, grace):
-                _join(left, deadline)  # a handler of the worker's own, at work
-            left = [w for w in left if w.exitcode is None]
-            for w in left:
-                w.kill()
-            # A SIGKILLed worker dies, if slowly on a loaded machine: wait for it while the
-            # budget lasts, so that torch's own joins (5 s each) find it gone.
-            _join(left, max(time.monotonic() + grace, deadline))
+            # Its own handler has the rest of the budget, unless no handler can finish.
+            processes.terminate(left, max(grace, deadline - time.monotonic()), lambda: _lock_lost(shared, grace))
             log.debug("ended %d DataLoader worker(s) loading items nobody will read", len(busy))
     except Exception:
         log.debug_exception("early stop of %r failed; torch's shutdown follows", it)
     it._shutdown_workers()  # torch's bookkeeping
-
-
-def _join(workers, until: float) -> None:
-    for w in workers:
-        w.join(max(0.0, until - time.monotonic()))
 
 
 def _lock_lost(event, wait: float) -> bool:
