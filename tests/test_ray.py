@@ -135,15 +135,15 @@ def test_hung_actors_stay_alive_without_the_shim(cleanup):
 
 
 def test_the_reaper_never_kills_a_reused_pid(jobs):
-    from autoteardown.integrations.ray_guard import kill_if_same_process
+    from autoteardown.integrations.ray_guard import same_worker
 
     before = time.time() - 1
     stranger = jobs.popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         # Created after the terminate request: a reused pid, not the actor.
-        assert kill_if_same_process(stranger.pid, not_after=before) is False
+        assert same_worker(stranger.pid, not_after=before) is False
         # Old enough, but not a Ray worker.
-        assert kill_if_same_process(stranger.pid, not_after=time.time() + 1) is False
+        assert same_worker(stranger.pid, not_after=time.time() + 1) is False
         assert stranger.poll() is None
     finally:
         stranger.kill()

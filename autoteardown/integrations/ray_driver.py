@@ -30,7 +30,7 @@ import time
 from .. import config, deadlines, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
-from .ray_guard import clock, descendants, end_answer, end_request, kill_if_same_process, remote_end_on, source
+from .ray_guard import clock, descendants, end_answer, end_request, remote_end_on, same_worker, source
 
 KIND = kind_of("ray")
 
@@ -278,7 +278,7 @@ def _with_processes(actor_ids, now, announced):
             if actor_id in announced:
                 found.add(actor_id)
         elif pid and (descendants(pid, seen) or (
-                not kill_if_same_process(pid, seen, 0) and descendants(pid, seen, actor_id, gone_at=clock()))):
+                not same_worker(pid, seen) and descendants(pid, seen, actor_id, gone_at=clock()))):
             found.add(actor_id)
     return found
 

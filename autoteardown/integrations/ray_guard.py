@@ -34,8 +34,14 @@ module's source, handed to it as a value.
 """
 
 import os
+import signal
 import threading
 import time
+
+try:
+    from ..processes import terminate
+except ImportError:  # the guard's script: processes.py's code comes ahead of this module's (`source`)
+    pass
 
 MARKER = "AUTOTEARDOWN_INTERNAL_RAY_ACTOR"
 GUARD = "guard"  # MARKER's value in the guard's process: no actor id
@@ -48,22 +54,17 @@ def mark(actor_id: str) -> None:
 
 
 def _make():
-    def kill_if_same_process(pid, not_after, signum=9):
-        """Send `signum` (SIGKILL) to `pid` if still the Ray worker that existed at `not_after`; 0 only asks."""
-        import os
-
+    def same_worker(pid, not_after):
+        """Is `pid` still the Ray worker that existed at `not_after`?"""
         import psutil
 
         try:
             process = psutil.Process(pid)
             command = " ".join(process.cmdline())
             # A reused pid belongs to a process created after the request.
-            if process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
-                    "ray::" not in command and "default_worker.py" not in command):
-                return False
-            os.kill(pid, signum)
-            return True
-        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            return not (process.create_time() > not_after or process.status() == psutil.STATUS_ZOMBIE or (
+                "ray::" not in command and "default_worker.py" not in command))
+        except psutil.Error:
             return False
 
     def clock():
@@ -219,11 +220,11 @@ def _make():
         with sock:
             return end_answer(sock, max(1.0, due - time.time()) + grace + 5.0) or (False, 0)
 
-    return (kill_if_same_process, clock, descendants, signal_running, guard_name, start_guard, connect,
+    return (same_worker, clock, descendants, signal_running, guard_name, start_guard, connect,
             end_request, end_answer, end_on_node)
 
 
-(kill_if_same_process, clock, descendants, signal_running, guard_name, start_guard, connect,
+(same_worker, clock, descendants, signal_running, guard_name, start_guard, connect,
  end_request, end_answer, end_on_node) = _make()
 
 
@@ -240,10 +241,15 @@ _source: "list[str]" = []
 
 
 def source() -> str:
-    """This module's code: what a guard runs (`start_guard`), read once."""
+    """What a guard runs (`start_guard`): processes.py's code, then this module's; read once."""
     if not _source:
-        with open(__file__, encoding="utf-8") as f:
-            _source.append(f.read())
+        from .. import processes
+
+        parts = []
+        for path in (processes.__file__, __file__):
+            with open(path, encoding="utf-8") as f:
+                parts.append(f.read())
+        _source.append("\n".join(parts))
     return _source[0]
 
 
@@ -300,13 +306,44 @@ def after_fork_in_child() -> None:
 
 # ---- the guard ----------------------------------------------------------------
 
+class _Process:
+    """An actor or a process of its tree, as `terminate` takes it: signalled only while it is still the
+    process created at `created` (never a reused pid); sent `signum` (0: none, its ender's SIGTERM is
+    on its way) once, whoever asks again."""
+
+    def __init__(self, pid, created, signalled, lock, signum=signal.SIGTERM):
+        self.pid, self.created, self.signalled, self.lock, self.signum = pid, created, signalled, lock, signum
+        self.killed = False
+
+    @property
+    def exitcode(self):
+        return None if signal_running([(self.pid, self.created)], 0) else 0
+
+    def terminate(self):
+        with self.lock:
+            fresh = self.signum and (self.pid, self.created) not in self.signalled
+            if fresh:
+                self.signalled.add((self.pid, self.created))
+        if fresh:
+            signal_running([(self.pid, self.created)], self.signum)
+
+    def kill(self):
+        self.killed = True  # before the signal: its pidfd may say it is gone at once
+        self.killed = bool(signal_running([(self.pid, self.created)], signal.SIGKILL))
+
+    def join(self, timeout):
+        until = time.monotonic() + timeout
+        while self.exitcode is None and time.monotonic() < until:
+            time.sleep(min(0.02, max(0.0, until - time.monotonic())))  # never past `until`: a kill is due then
+
+
 def serve(name):
     """The guard's loop: each actor registered (`watch`) or handed over (`end`) watched through a pidfd
-    (where the kernel has none, a poll of its pid and creation time); when one is gone, its tree gets
-    SIGTERM, and SIGKILL at its grace; an actor past its due time is killed. Each ender is answered
+    (where the kernel has none, a poll of its pid and creation time); when one is gone, its tree is ended
+    by processes.py's rule, with its grace; an actor that is ending is by the same rule, its due time its
+    grace (`terminate`, each in a thread of its own). Each ender is answered
     once its actor's tree is ended. Exits once it has had no actor, tree or connection for LINGER_S."""
     import selectors
-    import signal
     import socket
     import struct
 
@@ -322,9 +359,9 @@ def serve(name):
     listener.listen(128)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, None)
-    actors = {}     # pid -> {"created", "actor_id", "grace", "pidfd", "due", "known", "enders", "killed"}
-    trees = []      # {"running", "kill_at" (monotonic), "enders", "killed", "ended"}
-    signalled = set()  # (pid, created) sent SIGTERM: a process gets one, whoever asks again
+    actors = {}     # pid -> {"created", "actor_id", "grace", "pidfd", "known", "enders", "endings" (_Process)}
+    endings = []    # a tree's: {"thread" (its `terminate`), "enders", "killed", "ended"}
+    signalled, lock = set(), threading.Lock()  # (pid, created) sent SIGTERM: a process gets one
     ended = {}      # actor id -> how many of its processes were running when it was gone
     idle_since = time.monotonic()
 
@@ -333,19 +370,24 @@ def serve(name):
             pidfd = os.pidfd_open(pid)
         except (AttributeError, OSError):  # no pidfd here: polled
             pidfd = None
-        actors[pid] = {"created": created, "actor_id": actor_id, "grace": grace, "pidfd": pidfd, "due": None,
-                       "known": (), "enders": [], "killed": False}
+        actors[pid] = {"created": created, "actor_id": actor_id, "grace": grace, "pidfd": pidfd,
+                       "known": (), "enders": [], "endings": []}
         if pidfd is not None:
             selector.register(pidfd, selectors.EVENT_READ, pid)
         return actors[pid]
 
+    def end_actor(pid, entry, due_at, signum):
+        """`signum` now (0: none), SIGKILL at `due_at` (wall clock) if it is still there."""
+        actor = _Process(pid, entry["created"], signalled, lock, signum)
+        entry["endings"].append(actor)
+        threading.Thread(target=terminate, args=([actor], max(0.0, due_at - time.time())), daemon=True).start()
+
     def end_tree(tree, grace, enders, killed, actor_id):
-        fresh = [process for process in tree if process not in signalled]
-        signalled.update(fresh)
-        running = signal_running(fresh, signal.SIGTERM) + signal_running(set(tree) - set(fresh), 0)
         ended[actor_id] = max(len(tree), ended.get(actor_id, 0))
-        trees.append({"running": running, "kill_at": time.monotonic() + grace, "enders": enders,
-                      "killed": killed, "ended": ended[actor_id]})
+        ending = threading.Thread(target=terminate, args=([_Process(*p, signalled, lock) for p in tree], grace),
+                                  daemon=True)
+        ending.start()
+        endings.append({"thread": ending, "enders": enders, "killed": killed, "ended": ended[actor_id]})
 
     def take(conn, line):
         word, _, rest = line.partition(" ")
@@ -362,23 +404,22 @@ def serve(name):
             return pid
         if word == "due" and conn.pid in actors:
             entry = actors[conn.pid]
-            entry["due"], entry["known"] = float(rest), descendants(conn.pid, entry["created"], None, entry["known"])
+            entry["known"] = descendants(conn.pid, entry["created"], None, entry["known"])
+            end_actor(conn.pid, entry, float(rest), 0)
         elif word == "end":
             fields = rest.split()
             pid, not_after, actor_id = int(fields[0]), float(fields[1]), fields[2]
             due_at, grace, signum = float(fields[3]), float(fields[4]), int(fields[5])
             conn.sock.send(b"ok\n")
             entry = actors.get(pid)
-            if entry is None and kill_if_same_process(pid, not_after, 0):
+            if entry is None and same_worker(pid, not_after):
                 entry = adopt(pid, psutil.Process(pid).create_time(), actor_id, grace)
             if entry is None:  # gone already: its processes by its id, and those it had
                 end_tree(descendants(pid, not_after, actor_id, (), clock()), grace, [conn], False, actor_id)
                 return conn.pid
             entry["known"] = descendants(pid, entry["created"], None, entry["known"])
-            entry["due"] = min(due_at, entry["due"] or due_at)
             entry["enders"].append(conn)
-            if signum:
-                signal_running([(pid, entry["created"])], signum)
+            end_actor(pid, entry, due_at, signum)
         return conn.pid
 
     def gone(pid):
@@ -387,16 +428,16 @@ def serve(name):
             selector.unregister(entry["pidfd"])
             os.close(entry["pidfd"])
         tree = descendants(pid, entry["created"], entry["actor_id"], entry["known"], clock())
-        end_tree(tree, entry["grace"], entry["enders"], entry["killed"], entry["actor_id"])
+        killed = any(actor.killed for actor in entry["endings"])
+        end_tree(tree, entry["grace"], entry["enders"], killed, entry["actor_id"])
 
     class Conn:
         def __init__(self, sock):
             self.sock, self.pid, self.buffer = sock, None, b""
 
     while True:
-        wait = 0.1 if trees or any(e["pidfd"] is None for e in actors.values()) else 0.5
-        dues = [e["due"] - time.time() for e in actors.values() if e["due"] is not None]
-        for key, _ in selector.select(max(0.0, min([wait, *dues]))):  # awake at the first due time
+        wait = 0.1 if endings or any(e["pidfd"] is None for e in actors.values()) else 0.5
+        for key, _ in selector.select(wait):
             if key.data is None:
                 sock, _ = listener.accept()
                 sock.setblocking(False)
@@ -419,31 +460,19 @@ def serve(name):
                         pass
             elif key.data in actors:
                 gone(key.data)
-        now, wall = time.monotonic(), time.time()
+        now = time.monotonic()
         for pid, entry in list(actors.items()):
             if entry["pidfd"] is None and not signal_running([(pid, entry["created"])], 0):
                 gone(pid)
-            elif entry["due"] is not None and wall >= entry["due"]:
-                entry["due"], entry["killed"] = None, True  # killed once; its pidfd then says it is gone
-                if entry["pidfd"] is not None:
+        for ending in list(endings):  # answered here: this thread alone uses the connections
+            if not ending["thread"].is_alive():
+                endings.remove(ending)
+                for conn in ending["enders"]:
                     try:
-                        signal.pidfd_send_signal(entry["pidfd"], signal.SIGKILL)
-                    except OSError:  # exited as this came: its pidfd says so
-                        entry["killed"] = False
-                else:
-                    entry["killed"] = bool(signal_running([(pid, entry["created"])], signal.SIGKILL))
-        for tree in list(trees):
-            tree["running"] = signal_running(tree["running"], 0)
-            if tree["running"] and now >= tree["kill_at"]:
-                signal_running(tree["running"], signal.SIGKILL)
-            if not tree["running"] or now >= tree["kill_at"]:
-                trees.remove(tree)
-                for conn in tree["enders"]:
-                    try:
-                        conn.sock.send(f"done {int(tree['killed'])} {tree['ended']}\n".encode())
+                        conn.sock.send(f"done {int(ending['killed'])} {ending['ended']}\n".encode())
                     except OSError:  # its ender is gone
                         pass
-        if actors or trees or len(selector.get_map()) > 1:
+        if actors or endings or len(selector.get_map()) > 1:
             idle_since = now
         elif now - idle_since >= LINGER_S:
             listener.close()
