@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -102,13 +103,18 @@ def test_without_the_shim_an_actors_grandchildren_are_left(jobs, ending):
 
 
 def test_a_process_that_is_not_the_actors_is_never_signalled():
-    from autoteardown.integrations.ray_guard import descendants, signal_running
+    from autoteardown.integrations.ray_guard import _Process, descendants
 
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         created = psutil.Process(stranger.pid).create_time()
-        # Its pid taken by a later process: the earlier look's creation time does not match.
-        assert signal_running([(stranger.pid, created - 1.0)], signal.SIGTERM) == []
+        # Its pid taken by a later process: the earlier look's creation time does not match, so it
+        # counts as gone and gets no signal.
+        earlier = _Process(stranger.pid, created - 1.0, set(), threading.Lock())
+        assert earlier.exitcode is not None
+        earlier.terminate()
+        earlier.kill()
+        assert not earlier.killed
         # An actor "pid" created after the request is a reused pid: none of its children are its.
         assert descendants(os.getpid(), not_after=psutil.Process().create_time() - 1) == []
         assert stranger.poll() is None

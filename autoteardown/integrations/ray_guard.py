@@ -115,25 +115,6 @@ def _make():
                     pass
         return sorted(found.items())
 
-    def signal_running(tree, signum):
-        """Send `signum` to each process of `tree` still running as itself (0: none); those still running."""
-        import os
-
-        import psutil
-
-        running = []
-        for pid, created in tree:
-            try:
-                process = psutil.Process(pid)
-                if process.create_time() != created or process.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                if signum:
-                    os.kill(pid, signum)
-                running.append((pid, created))
-            except (psutil.Error, ProcessLookupError):
-                pass
-        return running
-
     def guard_name(node_id, actor_id):
         """The guard's abstract socket: this user's, the node's (its Ray node id: every party knows it, the
         actor gone or not), the job's (an actor id ends with it)."""
@@ -220,12 +201,10 @@ def _make():
         with sock:
             return end_answer(sock, max(1.0, due - time.time()) + grace + 5.0) or (False, 0)
 
-    return (same_worker, clock, descendants, signal_running, guard_name, start_guard, connect,
-            end_request, end_answer, end_on_node)
+    return same_worker, clock, descendants, guard_name, connect, end_request, end_answer, end_on_node
 
 
-(same_worker, clock, descendants, signal_running, guard_name, start_guard, connect,
- end_request, end_answer, end_on_node) = _make()
+same_worker, clock, descendants, guard_name, connect, end_request, end_answer, end_on_node = _make()
 
 
 def remote_end_on(node_id):
@@ -307,17 +286,31 @@ def after_fork_in_child() -> None:
 # ---- the guard ----------------------------------------------------------------
 
 class _Process:
-    """An actor or a process of its tree, as `terminate` takes it: signalled only while it is still the
-    process created at `created` (never a reused pid); sent `signum` (0: none, its ender's SIGTERM is
-    on its way) once, whoever asks again."""
+    """An actor or a process of its tree, as `terminate` takes it: running while it is still the process
+    created at `created`, and signalled only then (never a reused pid); sent `signum` (0: none, its
+    ender's SIGTERM is on its way) once, whoever asks again."""
 
     def __init__(self, pid, created, signalled, lock, signum=signal.SIGTERM):
         self.pid, self.created, self.signalled, self.lock, self.signum = pid, created, signalled, lock, signum
         self.killed = False
 
+    def _send(self, signum):
+        """`signum` (0: none) if it is still running as itself; whether it was."""
+        import psutil
+
+        try:
+            process = psutil.Process(self.pid)
+            if process.create_time() != self.created or process.status() == psutil.STATUS_ZOMBIE:
+                return False
+            if signum:
+                os.kill(self.pid, signum)
+            return True
+        except (psutil.Error, ProcessLookupError):
+            return False
+
     @property
     def exitcode(self):
-        return None if signal_running([(self.pid, self.created)], 0) else 0
+        return None if self._send(0) else 0
 
     def terminate(self):
         with self.lock:
@@ -325,11 +318,11 @@ class _Process:
             if fresh:
                 self.signalled.add((self.pid, self.created))
         if fresh:
-            signal_running([(self.pid, self.created)], self.signum)
+            self._send(self.signum)
 
     def kill(self):
         self.killed = True  # before the signal: its pidfd may say it is gone at once
-        self.killed = bool(signal_running([(self.pid, self.created)], signal.SIGKILL))
+        self.killed = self._send(signal.SIGKILL)
 
     def join(self, timeout):
         until = time.monotonic() + timeout
@@ -462,7 +455,7 @@ def serve(name):
                 gone(key.data)
         now = time.monotonic()
         for pid, entry in list(actors.items()):
-            if entry["pidfd"] is None and not signal_running([(pid, entry["created"])], 0):
+            if entry["pidfd"] is None and _Process(pid, entry["created"], signalled, lock).exitcode is not None:
                 gone(pid)
         for ending in list(endings):  # answered here: this thread alone uses the connections
             if not ending["thread"].is_alive():
