@@ -21,10 +21,16 @@ pytest.importorskip("ray.air.integrations.wandb", exc_type=ImportError)
 TIMEOUT = 10.0  # AUTOTEARDOWN_TIMEOUT's default
 UPLOAD_TIMEOUT = 60
 STEPS = 40  # each trial's, in tune_job.py
+STOPPED_STEPS = 400  # 40 s of steps: a stop at step 5 always finds the trial running
 
 
 def stopped_experiment(jobs, signum, shim=True, tracker="wandb", **env):
-    """Run tune_job.py, send `signum` (if any) once both trials are at step 5: (result, monotonic time sent)."""
+    """Run tune_job.py, send `signum` (if any) once both trials are at step 5: (result, monotonic time sent).
+    A stopped experiment's trials run STOPPED_STEPS, far longer than the wait for the stop, so that
+    the stop finds both mid-trial: under load, a trial of STEPS can complete while the logging
+    actors catch up, and its run then ends as Tune ends a finished trial's."""
+    if signum:
+        env.setdefault("TUNE_STEPS", STOPPED_STEPS)
     proc = jobs.start("tune_job.py", tracker, shim=shim, env={"TUNE_DIR": jobs.dir, "UPLOAD_TIMEOUT": UPLOAD_TIMEOUT, **env})
     _, before = wait_for_line(proc, "READY", timeout=120)
     until = time.monotonic() + 120

@@ -7,7 +7,7 @@ writes its run out only when the process tears wandb down (wandb.finish() return
 is on disk; here the stream is never closed at finish, so that window stays open).
 
 TUNE_DIR: the experiment's storage and wandb's directory; each trial touches `step5-<x>` there
-at its sixth step. UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
+at its sixth step. TUNE_STEPS: each trial's steps (40). UPLOAD_TIMEOUT: the callback's `upload_timeout` (what Tune waits at the end).
 MLFLOW_TRACKING_URI: a tracking server instead of the sqlite file. TUNE_QUIET_AFTER=n: each trial
 reports n results, then waits without reporting (Tune then calls no tracker until it ends).
 TUNE_ENDING=raise: trial x=2 raises after 8 results; TUNE_ENDING=early: the scheduler stops
@@ -21,7 +21,7 @@ import ray
 import ray.train
 from ray import tune
 
-STEPS = 40
+STEPS = int(os.environ.get("TUNE_STEPS", "40"))
 report = getattr(tune, "report", None) or ray.train.report  # tune.report from ray 2.4x
 RunConfig = getattr(tune, "RunConfig", None) or ray.train.RunConfig
 
