@@ -19,7 +19,7 @@ and the exit engine finalizes what they recorded before the libraries' own exit 
   __main__.py                (`python -m autoteardown`)
 """
 
-from . import config, importhook, integrations, registry
+from . import config, importhook, integrations
 
 __all__ = ["install", "uninstall", "finalize", "live", "ray_runtime_env_hook", "__version__"]
 
@@ -35,10 +35,10 @@ def __getattr__(name: str) -> str:
 def install() -> None:
     """Patch each enabled integration when its library is imported (at once if it already
     is). Idempotent: a second import, a reload or a second call patches once. The engine is
-    imported when a process first records something: most never do."""
+    imported when a library is first patched, and armed at its first record: most processes
+    do neither."""
     if config.DISABLE:
         return
-    registry.on_record = _arm  # armed at the first resource recorded
     integrations.register_kind = _register_kind  # the gate registers each integration's kind
     for name, integration in integrations.TABLE.items():
         if name not in config.DISABLED_INTEGRATIONS:
@@ -65,12 +65,6 @@ def finalize(timeout: "float | None" = None) -> None:
     engine.finalize(timeout)
 
 
-def _arm() -> None:
-    from . import engine
-
-    engine.arm()
-
-
 def _register_kind(*args) -> None:
     from . import engine
 
@@ -79,6 +73,8 @@ def _register_kind(*args) -> None:
 
 def live() -> "dict[str, list]":
     """What is recorded now: {kind: [objects]} for the resources still alive."""
+    from . import registry
+
     result: "dict[str, list]" = {}
     for kind, obj in registry.live():
         result.setdefault(kind, []).append(obj)

@@ -5,10 +5,15 @@ default and one warning per process tree (children inherit the value and stay qu
 import os
 import sys
 
-from . import cpython, log
 from .integrations import TABLE
 
 MAX_SECONDS = 3600.0  # a longer teardown is a hang by another name (and overflows lock timeouts)
+
+
+def _warn(msg, *args):
+    from . import log  # only for a bad value: each module imported costs `import autoteardown` time
+
+    log.warning_once(msg, *args, tree=True)
 
 
 def _flag(name, default=False):
@@ -16,7 +21,7 @@ def _flag(name, default=False):
     if raw in ("1", "true", "yes", "on"):
         return True
     if raw not in ("", "0", "false", "no", "off"):
-        log.warning_once("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default, tree=True)
+        _warn("%s=%r is not a boolean (use 1 or 0); using %d", name, raw, default)
     return default
 
 
@@ -29,8 +34,8 @@ def _seconds(name, default):
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_SECONDS:
-        log.warning_once("%s=%r is not a positive number of seconds%s; using %g", name, raw,
-                         f" up to {MAX_SECONDS:g}" if value > MAX_SECONDS else "", default, tree=True)
+        _warn("%s=%r is not a positive number of seconds%s; using %g", name, raw,
+              f" up to {MAX_SECONDS:g}" if value > MAX_SECONDS else "", default)
         return default
     return value
 
@@ -42,13 +47,18 @@ def _integrations(name):
     names = {part.strip().lower() for part in raw.split(",") if part.strip()}
     unknown = sorted(names - set(TABLE))
     if unknown:
-        log.warning_once("%s: unknown integration(s) %s ignored (known: %s)",
-                         name, ", ".join(unknown), ", ".join(TABLE), tree=True)
+        _warn("%s: unknown integration(s) %s ignored (known: %s)", name, ", ".join(unknown), ", ".join(TABLE))
     return names & set(TABLE)
 
 
 def _activation():
-    """How autoteardown came to be imported here, for the debug line and the report."""
+    """How autoteardown came to be imported here, for the debug line and the report: worked
+    out only when one of them will say it (the stack is only there now, at the import), since
+    reading it costs a module at every `import autoteardown`."""
+    if not (DEBUG or REPORT):
+        return None
+    from . import cpython
+
     if cpython.importing("sitecustomize"):
         return os.environ.get("AUTOTEARDOWN_INTERNAL_VIA") or "sitecustomize"  # set by `autoteardown run`
     if os.path.basename(sys.argv[0] if sys.argv else "") in ("autoteardown", "autoteardown-run", "-m"):
@@ -64,7 +74,10 @@ def _activation():
 
 
 DEBUG = _flag("AUTOTEARDOWN_DEBUG")
-log.set_debug(DEBUG)
+if DEBUG:  # log.py's own default is off
+    from . import log
+
+    log.set_debug(True)
 DISABLE = _flag("AUTOTEARDOWN_DISABLE")
 DISABLED_INTEGRATIONS = _integrations("AUTOTEARDOWN_DISABLED_INTEGRATIONS")
 TIMEOUT = _seconds("AUTOTEARDOWN_TIMEOUT", 10.0)

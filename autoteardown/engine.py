@@ -6,7 +6,7 @@ non-daemon threads and before any atexit callback (torch, wandb and Ray register
 after us). After a SIGTERM it tears down there, at once, then the process dies of the
 signal (signals.py); a normal end tears down from the atexit callback registered there,
 the last registered and so the first called, once Python has joined the non-daemon
-threads. Armed at the first resource recorded (registry.py).
+threads. Armed at the first resource recorded once a kind is declared (registry.py).
 
 What it waits for: work whose result outlives the process (a tracker's records, a
 checkpoint being written), within the budget. A process it ends is ended as the
@@ -78,10 +78,13 @@ _patches = Patches()
 
 def register_kind(kind: str, order: int, finalize_one: "FinalizeOne", after_all: "AfterAll | None" = None,
                   in_child: "PerObject | None" = None, on_sigterm: "PerObject | None" = None) -> None:
-    """Declare how to finalize resources of `kind` (see Kind)."""
+    """Declare how to finalize resources of `kind` (see Kind). A process with a kind declared
+    arms at its next record (registry.py), not before: most processes never record."""
     with _state.lock:
         _kinds[:] = sorted([k for k in _kinds if k.name != kind] + [
             Kind(kind, order, finalize_one, after_all, in_child, on_sigterm)], key=lambda k: k.order)
+        if not _state.signals_ready:
+            registry.call_at_record(arm)
 
 
 def when_armed(hook: "Callable[[], None]") -> None:
@@ -112,13 +115,13 @@ def arm() -> None:
             _state.signals_ready = signals.install(on_sigterm, _take_over)
             if _state.signals_ready:
                 _patches.wrap(sys, "unraisablehook", signals.on_unraisable)
-        registry.on_record = None if _state.signals_ready else arm
+        registry.call_at_record(None if _state.signals_ready else arm)
 
 
 def disarm() -> None:
     """Undo arm() as far as possible (the threading exit hooks stay, and do nothing)."""
     _state.armed_pid, _state.signals_ready = None, False
-    registry.on_record = None  # install() sets it again
+    registry.call_at_record(None)  # the gate's next register_kind sets it again
     _patches.restore()
     exitstatus.untrack()
     from . import signals
@@ -403,10 +406,10 @@ def _take_over(signum: int, at: float, why: str) -> None:
 def _after_fork_in_child() -> None:
     """A fork child starts with no resources and the default SIGTERM until it records one."""
     global _state
-    installed = _state.armed_pid is not None or registry.on_record is not None
+    installed = _state.armed_pid is not None or registry.calls_at_record()
     _state = _State(hooked=_state.hooked)
     if installed:  # arm at the child's first record
-        registry.on_record = arm
+        registry.call_at_record(arm)
     in_child = {kind.name: kind.in_child for kind in _kinds if kind.in_child is not None}
     for kind, obj in registry.take_all():
         callback = in_child.get(kind)

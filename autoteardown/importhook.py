@@ -8,7 +8,7 @@ import _thread
 import sys
 import time
 
-from . import forksafe, log
+from . import forksafe
 
 
 class _State:
@@ -55,6 +55,8 @@ def clear() -> None:
 
 
 def _call(hook, module):
+    from . import log  # with the first library patched, not at `import autoteardown`
+
     try:
         started = time.perf_counter()
         module_name, _, function = hook.partition(":")

@@ -1,5 +1,6 @@
 """The weak registry of what is alive now, by kind. Weak references only, per process (a
-fork child starts empty: the engine's fork hook takes what it held); the first record arms the engine (`on_record`).
+fork child starts empty: the engine's fork hook takes what it held). A record calls the one
+callback the engine asks for (`call_at_record`: its arming, until the process is armed).
 Readers take no lock (a dict copy is atomic under the GIL): the signal handler reads.
 """
 
@@ -20,10 +21,19 @@ class _State:
         self.lock = _thread.RLock()
         self.entries: dict = {}  # id(obj) -> (kind, weakref to obj)
         self.prune_at = 64       # dead entries are swept when the table reaches this size
+        self.at_record: "Callable[[], None] | None" = None  # engine.arm, until this process is armed
 
 
 _state = _State()
-on_record: "Callable[[], None] | None" = None   # engine.arm, until this process is armed (set again in a fork child)
+
+
+def call_at_record(callback: "Callable[[], None] | None") -> None:
+    """Call `callback` after each record from now on (None: nothing)."""
+    _state.at_record = callback
+
+
+def calls_at_record() -> bool:
+    return _state.at_record is not None
 
 
 def record(kind: str, obj: object) -> None:
@@ -35,8 +45,9 @@ def record(kind: str, obj: object) -> None:
             for key in [key for key, (_, weak) in entries.items() if weak() is None]:
                 del entries[key]
             state.prune_at = max(64, 2 * len(entries))
-    if on_record is not None:
-        on_record()
+    callback = state.at_record
+    if callback is not None:
+        callback()
 
 
 def forget(obj: object) -> None:

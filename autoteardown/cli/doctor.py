@@ -34,7 +34,7 @@ def active_here():
     runs with autoteardown, and how."""
     code = ("import sys; m = sys.modules.get('autoteardown'); "
             "print(getattr(getattr(m, 'config', None), 'ACTIVATION', 'an unknown route') if m else '-')")
-    env = {k: v for k, v in os.environ.items() if k != "AUTOTEARDOWN_DEBUG"}
+    env = dict(os.environ, AUTOTEARDOWN_DEBUG="1")  # the route is worked out for the debug line
     try:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
         answer = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "-"

@@ -14,7 +14,7 @@ and hands each such patch the integration's `Patches` (`patches_of`), so that no
 integration wraps is out of the gate's reach.
 """
 
-from .. import importhook, log
+from .. import importhook
 
 TYPE_CHECKING = False  # typing costs more than the rest of `import autoteardown`
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ def instrument(name: str, trigger: "str | None" = None) -> bool:
         return True
     reason = unsupported_reason(name)  # the installed versions' metadata: read once it matters
     if reason:
+        from .. import log  # not at `import autoteardown`: each module imported costs its time
+
         log.warning_once("%s; %s are left alone", reason, integration.looks_after, tree=True)
         return False
     import importlib
@@ -191,6 +193,8 @@ def recording(record):
         try:
             record(instance if getattr(wrapped, "__name__", None) == "__init__" else made)
         except Exception:
+            from .. import log
+
             log.debug_exception("could not record what %r made", wrapped)
         return made
 
