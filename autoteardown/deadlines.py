@@ -11,12 +11,19 @@ deadline is made once, at that moment (`of_ending`), and handed down to the tear
   teardown at half of T the engine takes over (`take_over_at`); at T + 1 s the process ends whatever
   still runs (`hard_end`).
 
-G (AUTOTEARDOWN_RAY_GRACE_S) is what whoever ends a Ray actor waits before it kills it. Inside the
+- A tracker's end that moves none of its records for T is let go (`stalled_after`: a server that
+  stalls), and the runs Ray Tune leaves open at an experiment's end are ended within T
+  (`tune_runs_end`): neither holds the job longer than an ending may take.
+
+G (AUTOTEARDOWN_RAY_GRACE_S) is what whoever ends a Ray actor waits before it kills it (`grace`). Inside the
 actor: the teardown gets G - 1 s (at most T, at least 0.5 s: `actor_teardown`), a watchdog ends the
 process at G - 0.25 s (`actor_watchdog`) and its guard kills it at G + 0.5 s (`actor_due`). Ray's own
 abort after a SIGTERM moves to T + RAY_ABORT_S, in whole seconds (`ray_abort`). Its ender waits G for
 the actor, then G for the processes it started (`actors_gone`), a task on another node 30 s more
-(it needs a worker of its own there).
+(it needs a worker of its own there). Tune kills a logging actor once its run is written out,
+within G (`grace`).
+
+T and G are read from config here and nowhere else: every budget above has one definition.
 """
 
 import math
@@ -47,6 +54,21 @@ def hard_end(deadline: float) -> float:
     return deadline + HARD_END_S
 
 
+def stalled_after() -> float:
+    """A tracker's end that has moved none of its records for this long is let go: T."""
+    return config.TIMEOUT
+
+
+def tune_runs_end() -> float:
+    """Ray Tune's runs left open at an experiment's end, all of them ended within T."""
+    return config.TIMEOUT
+
+
+def grace() -> float:
+    """G: what whoever ends a Ray actor waits for it before it kills it."""
+    return config.RAY_GRACE
+
+
 def take_over_at(began: float) -> float:
     """After a SIGTERM taken at `began`: the engine tears down itself if none is under way."""
     return began + config.TIMEOUT / 2
@@ -57,9 +79,9 @@ def ray_abort() -> int:
     return math.ceil(config.TIMEOUT) + RAY_ABORT_S
 
 
-def actor_teardown(patience: float) -> float:
-    """An actor's in-band teardown, when its ender kills it `patience` after asking."""
-    return min(config.TIMEOUT, max(0.5, patience - 1.0))
+def actor_teardown(patience: "float | None" = None) -> float:
+    """An actor's in-band teardown, when its ender kills it `patience` (G) after asking."""
+    return min(config.TIMEOUT, max(0.5, (config.RAY_GRACE if patience is None else patience) - 1.0))
 
 
 def actor_watchdog() -> float:

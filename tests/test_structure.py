@@ -137,6 +137,13 @@ def test_a_modules_state_is_its_one_state_object():
     assert found == []
 
 
+def test_the_two_settings_of_every_budget_are_read_in_deadlines_only():
+    # Every budget of an ending has one definition, derived from T and G where its rule is written.
+    found = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p.name not in ("deadlines.py", "config.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.(TIMEOUT|RAY_GRACE)\b", line)]
+    assert found == []
+
+
 def _ends_a_process(node, method):
     """What `node` does that ends a process, outside a process handle's own kill() or terminate()."""
     if method in ("kill", "terminate"):

@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 
-from .. import config, deadlines, engine, log, registry, threads
+from .. import deadlines, engine, log, registry, threads
 from ..patches import Patches
 from . import kind_of, ray_worker
 from .ray_guard import clock, descendants, end_answer, end_request, remote_end_on, same_worker, source
@@ -315,7 +315,7 @@ class _Ending:
         self.signum, self.info = signum, info  # info: its GCS record, if _learn has it
         # Its process is one created before this (wall clock): a later process at its pid is not it.
         self.not_after = min(requested_at, (info or {}).get("seen", requested_at))
-        self.due = time.monotonic() + config.RAY_GRACE
+        self.due = time.monotonic() + deadlines.grace()
         self.pid = self.kill_task = self.sock = None  # the guard's answer comes through the task or the socket
         self.ended = 0           # how many of its processes were running when it was gone
         self.done = False
@@ -339,8 +339,9 @@ class _Ending:
                 self.not_after = min(self.not_after, ended_ms / 1000)
             here = ray.get_runtime_context().get_node_id()
             node_id = info.get("Address", {}).get("NodeID") or here
-            request = (node_id, pid, self.not_after, self.actor_id, self.requested_at + config.RAY_GRACE,
-                       config.RAY_GRACE, self.signum or 0, source())
+            grace = deadlines.grace()
+            request = (node_id, pid, self.not_after, self.actor_id, self.requested_at + grace, grace,
+                       self.signum or 0, source())
             if node_id != here:
                 self.kill_task = remote_end_on(node_id).remote(*request)
             else:
@@ -378,7 +379,7 @@ class _Ending:
                 killed, self.ended = answer or (False, 0)
                 if killed:
                     log.warning("%s %s (pid %d) still running %.1fs after %s: killed", self.class_name,
-                                self.actor_id[:8], self.pid, config.RAY_GRACE,
+                                self.actor_id[:8], self.pid, deadlines.grace(),
                                 "SIGTERM" if self.signum else "__ray_terminate__")
                 if self.ended:
                     log.debug("%s %s (pid %d): %d descendant(s) ended", self.class_name, self.actor_id[:8],

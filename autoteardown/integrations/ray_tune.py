@@ -23,7 +23,7 @@ run there first (bounded by AUTOTEARDOWN_RAY_GRACE_S), then Tune's kill follows 
 
 import sys
 
-from .. import config, log
+from .. import config, deadlines, log
 from ..patches import Patches
 from . import mlflow
 
@@ -63,7 +63,7 @@ def _written_out_before_kill(wrapped, instance, args, kwargs):
         future = instance._trial_logging_futures.get(trial)
         if future is not None and ray.wait([future], timeout=0)[0]:  # run() returned: its run is finished
             actor = instance._trial_logging_actors[trial]
-            ray.get(actor.__ray_call__.remote(_WRITE_OUT), timeout=config.RAY_GRACE)
+            ray.get(actor.__ray_call__.remote(_WRITE_OUT), timeout=deadlines.grace())
     except Exception:  # not written out in time, or the actor is gone: Tune's kill as without us
         log.debug_exception("the logging actor of %s did not write its run out", trial)
     return wrapped(*args, **kwargs)
@@ -87,7 +87,7 @@ _WRITE_OUT = _make_write_out()
 
 def _end_running_runs_killed(callback) -> None:
     util = callback.mlflow_util
-    with mlflow.bounded(config.TIMEOUT):  # all of them: a tracking server may be gone
+    with mlflow.bounded(deadlines.tune_runs_end()):  # all of them: a tracking server may be gone
         for trial, run_id in list((getattr(callback, "_trial_runs", None) or {}).items()):
             try:
                 if util._get_client().get_run(run_id).info.status == "RUNNING":

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from .. import config, cpython, deadlines, engine, forksafe, log, registry, signals, threads
+from .. import cpython, deadlines, engine, forksafe, log, registry, signals, threads
 from ..patches import Patches
 from . import patches_of, ray_guard
 
@@ -115,7 +115,7 @@ def _watch():
         if in_actor():
             import ray
 
-            ray_guard.watch(ray._private.worker.global_worker.actor_id.hex(), config.RAY_GRACE)
+            ray_guard.watch(ray._private.worker.global_worker.actor_id.hex(), deadlines.grace())
     except Exception:
         log.debug_exception("could not register this actor with its guard")
 
@@ -198,7 +198,7 @@ def _teardown(interrupted):
     code = SIGTERM_CODE if code is None and interrupted else code
     try:
         threads.alarm(time.monotonic() + deadlines.actor_watchdog(), _overdue)  # before anything can hang
-        engine.finalize(deadlines.actor_teardown(config.RAY_GRACE), exit_code=code)
+        engine.finalize(deadlines.actor_teardown(), exit_code=code)
         gc.collect()
     finally:
         _state.done = True

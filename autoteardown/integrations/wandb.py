@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 
-from .. import config, exitstatus, log, registry, signals, threads
+from .. import deadlines, exitstatus, log, registry, signals, threads
 from ..patches import Patches
 from . import kind_of, recording
 
@@ -97,7 +97,7 @@ def _bounded_finish(wrapped, run, args, kwargs):
         if now is not None and seen is not None and now != seen:
             moved = time.monotonic()
         seen = now
-        if time.monotonic() - moved >= config.TIMEOUT:
+        if time.monotonic() - moved >= deadlines.stalled_after():
             _let_go.add(run)
             from wandb.sdk.lib import module
 
