@@ -39,7 +39,7 @@ def install() -> None:
     do neither."""
     if config.DISABLE:
         return
-    integrations.register_kind = _register_kind  # the gate registers each integration's kind
+    integrations.declare_kinds_to(_register_kind)
     for name, integration in integrations.TABLE.items():
         if name not in config.DISABLED_INTEGRATIONS:
             for module in integration.triggers:

@@ -64,8 +64,7 @@ def install(on_sigterm: Callable[[int], None], take_over: Callable[[int, float, 
     """Route SIGTERM to us if its handler is the default (main thread only; False
     elsewhere: the engine asks again later) and start the helper thread."""
     _state.on_sigterm, _state.take_over = on_sigterm, take_over
-    threads.on_wakeup = _on_wakeup
-    threads.start_helper()
+    threads.start_helper(on_wakeup=_on_wakeup)
     if threading.get_ident() != _state.main:
         return False
     if _state.installed is None:

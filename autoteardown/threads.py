@@ -26,16 +26,16 @@ Action = Callable[[], object]
 class _State:
     """This process's threads; a fork child starts with a new one (none of them runs there)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_wakeup: "Callable[[bytes], None] | None" = None) -> None:
         self.lock = threading.Lock()
         self.idle: list = []          # the queues of idle runners
         self.alarms: list[list] = []  # [when (monotonic), action]; a signal handler never touches it
         self.soon: deque = deque()    # actions handed over by a signal handler
         self.helper: dict = {}        # "pid", "pipe" (read_fd, write_fd), "thread" of this process's helper
+        self.on_wakeup = on_wakeup    # what the helper does with the bytes it read (signals.py's)
 
 
 _state = _State()
-on_wakeup: Callable[[bytes], None] | None = None  # what the helper does with the bytes it read (signals.py)
 
 
 # ---- runners ------------------------------------------------------------------------
@@ -126,8 +126,12 @@ def wake() -> None:
             pass
 
 
-def start_helper() -> None:
+def start_helper(on_wakeup: "Callable[[bytes], None] | None" = None) -> None:
+    """Start this process's helper thread, once; `on_wakeup(data)`: what it does with what it reads
+    from its pipe, the signal wakeup fd's (given by signals.install, kept until replaced)."""
     with _state.lock:
+        if on_wakeup is not None:
+            _state.on_wakeup = on_wakeup
         if _state.helper.get("pid") == os.getpid():
             return
         read_fd, write_fd = os.pipe()
@@ -175,14 +179,14 @@ def _serve(read_fd: int) -> None:
         pipe = _state.helper.get("pipe")
         if pipe is None or pipe[0] != read_fd or _state.helper.get("pid") != os.getpid():
             return  # stopped, or a fork child's copy of the parent's fd
-        if on_wakeup is not None:
-            on_wakeup(data)
+        if _state.on_wakeup is not None:
+            _state.on_wakeup(data)
 
 
 def _after_fork_in_child() -> None:
     global _state
     stop_helper(join=False)  # closes the parent's pipe
-    _state = _State()  # a lock another thread may have held at the fork, the parent's runners and timers
+    _state = _State(_state.on_wakeup)  # a lock another thread may have held at the fork, the parent's runners and timers
 
 
 forksafe.register(__name__, _after_fork_in_child)

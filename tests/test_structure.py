@@ -137,6 +137,22 @@ def test_a_modules_state_is_its_one_state_object():
     assert found == []
 
 
+def test_no_module_sets_another_modules_attribute():
+    # A module's state is its own: another module hands it a callback through a function it
+    # defines (threads.start_helper(on_wakeup=...), integrations.declare_kinds_to), never by assignment.
+    found = []
+    for path in RUNTIME:
+        tree = ast.parse(path.read_text())
+        ours = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level
+                for alias in node.names}
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}" for t in targets if isinstance(t, ast.Attribute)
+                      and isinstance(t.value, ast.Name) and t.value.id in ours]
+    assert found == []
+
+
 def test_the_two_settings_of_every_budget_are_read_in_deadlines_only():
     # Every budget of an ending has one definition, derived from T and G where its rule is written.
     found = [f"{p.relative_to(ROOT)}:{n}" for p in PACKAGE.rglob("*.py") if p.name not in ("deadlines.py", "config.py")

@@ -86,9 +86,14 @@ TABLE = {
     "clearml": Integration("clearml", 29, ("clearml",), "ClearML tasks", Requirement("clearml", "2.1", "2.2")),
 }
 _patches: "dict[str, Patches]" = {}            # name -> what it wrapped, once instrumented
-# engine.register_kind, set by install(): the engine is handed in, not imported (it imports us, through report.py).
-register_kind: "Callable[..., None] | None" = None
 _triggered: "dict[str, frozenset[str]]" = {}   # name -> the trigger modules it was patched for
+_declare: "list[Callable[..., None]]" = []     # engine.register_kind, once install() hands it in
+
+
+def declare_kinds_to(register_kind: "Callable[..., None]") -> None:
+    """The gate declares each integration's kind through `register_kind` (engine.register_kind):
+    the engine is handed in, not imported, since it imports the gate (through report.py)."""
+    _declare[:] = [register_kind]
 
 
 def instrument(name: str, trigger: "str | None" = None) -> bool:
@@ -108,10 +113,9 @@ def instrument(name: str, trigger: "str | None" = None) -> bool:
     import importlib
 
     module: "Module" = importlib.import_module(f"{__name__}.{name}")
-    if name not in _patches and register_kind is not None:
-        register_kind(integration.kind, integration.order, module.finalize_one,
-                             getattr(module, "after_all", None), getattr(module, "in_child", None),
-                             getattr(module, "on_sigterm", None))
+    for register_kind in _declare if name not in _patches else ():
+        register_kind(integration.kind, integration.order, module.finalize_one, getattr(module, "after_all", None),
+                      getattr(module, "in_child", None), getattr(module, "on_sigterm", None))
     from ..patches import Patches  # once a library is patched: not at `import autoteardown`
 
     module.patch(_patches.setdefault(name, Patches()))
