@@ -113,8 +113,6 @@ def arm() -> None:
                 hook()
         if not _state.signals_ready:
             _state.signals_ready = signals.install(on_sigterm, _take_over)
-            if _state.signals_ready:
-                _patches.wrap(sys, "unraisablehook", signals.on_unraisable)
         registry.call_at_record(None if _state.signals_ready else arm)
 
 

@@ -9,7 +9,8 @@
 3. The unwind is raised where it cannot be lost: at the end of a `critical` section
    (multiprocessing's fd handoff with a DataLoader worker); again after a finalizer
    that swallowed it; never once the exit has begun. A resource's own `__exit__` leaves
-   it to the teardown (`is_stop`).
+   it to the teardown (`is_stop`). A handler we chain (Ray's, `chain`) raises an unwind of
+   its own: swallowed in a finalizer, it is raised again too.
 4. The helper bounds what cannot be unwound: no unwind within WAIT_FOR_MAIN_THREAD (C
    code), or no teardown at half the deadline (swallowed): the engine takes over (its
    `take_over` callback) and ends the process. A second past the deadline the process
@@ -22,6 +23,7 @@ Imported when a process is armed, not at `import autoteardown`: `signal` costs m
 than the rest.
 """
 
+import functools
 import os
 import signal
 import sys
@@ -30,8 +32,10 @@ import time
 from collections.abc import Callable
 
 from . import cpython, deadlines, forksafe, processes, threads
+from .patches import Patches
 
 CHILDREN_GRACE = 1.0  # the grace of the children end_process ends
+_patches = Patches()  # sys.unraisablehook's wrapper (on_unraisable); uninstall() puts it back
 
 
 class Stop(SystemExit):
@@ -53,7 +57,6 @@ class _State:
         self.watched = False    # the deadlines of rule 4 are set
         self.on_sigterm: Callable[[int], None] | None = None  # the engine's: what to do at once (no lock)
         self.take_over: Callable[[int, float, str], None] | None = None  # the engine's rule 4
-        self.chained: int | None = None  # the SIGTERM a chained handler unwinds with SystemExit(signum)
         self.spared: set[int] = set()  # pids of the children end_process leaves running
 
 
@@ -67,6 +70,7 @@ def install(on_sigterm: Callable[[int], None], take_over: Callable[[int, float, 
     threads.start_helper(on_wakeup=_on_wakeup)
     if threading.get_ident() != _state.main:
         return False
+    _patches.wrap(sys, "unraisablehook", on_unraisable)
     if _state.installed is None:
         _state.installed = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         if not _state.installed:
@@ -86,6 +90,7 @@ def install(on_sigterm: Callable[[int], None], take_over: Callable[[int, float, 
 
 
 def uninstall() -> None:
+    _patches.restore()
     if _state.installed and signal.getsignal(signal.SIGTERM) is _handler:
         try:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -162,13 +167,33 @@ def _handler(signum: int, frame: object) -> None:
             _raise(signum)
 
 
+def chain(handler: Callable) -> Callable:
+    """A SIGTERM handler we chain (Ray's), as ours calls it. Its unwind, a SystemExit, is its own,
+    and rule 3 holds for it as for ours: swallowed in a finalizer (a `__del__`, a weakref callback
+    the signal landed in), it is not printed and the signal is sent again once the main thread has
+    left the finalizer (on_unraisable). Without that the process runs on as if never signalled."""
+    _patches.wrap(sys, "unraisablehook", on_unraisable)
+    return functools.partial(_chained, handler)
+
+
+def _chained(handler: Callable, signum: int, frame: object) -> object:
+    # No `except` here: a frame that handles the SystemExit moves on from where it was when
+    # sys.exit() was called, and exitstatus would no longer count the call (a driver's).
+    return handler(signum, frame)
+
+
+def _raised_by_a_chained_handler(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not _chained.__code__:
+        tb = tb.tb_next
+    return tb is not None
+
+
 def unwound_by_another(signum: int) -> None:
     """In a handler we chain (Ray's, in a driver), before it raises its own unwind for this
-    SIGTERM, SystemExit(signum), whose exit path (Ray's shutdown) is its own. Rules 3 and 4 still
-    hold for it: swallowed in a finalizer, the signal is sent again (on_unraisable); if the exit
+    SIGTERM, whose exit path (Ray's shutdown) is its own. Rule 4 still holds for it: if the exit
     has not begun at half the deadline, the engine tears down and the process dies of it."""
     at = time.monotonic()
-    _state.chained = signum
 
     def watch() -> None:
         if _state.take_over is not None:
@@ -207,14 +232,15 @@ def exit_unless_stopped(wrapped, instance, args, kwargs):
 
 
 def on_unraisable(wrapped, instance, args, kwargs):
-    """A wrapt wrapper of sys.unraisablehook: our Stop (or the chained handler's SystemExit),
+    """A wrapt wrapper of sys.unraisablehook: our Stop (or a chained handler's SystemExit),
     swallowed in a finalizer, is not printed; the helper sends SIGTERM again once the main
-    thread has left this hook."""
+    thread has left this hook. A process whose helper never started (nothing armed: a chained
+    handler's) starts it here: no thread of ours can hold its lock."""
     unraisable = args[0] if args else kwargs.get("unraisable")
     exc = getattr(unraisable, "exc_value", None)
-    if isinstance(exc, Stop) and _state.installed or (
-            isinstance(exc, SystemExit) and _state.chained is not None and exc.code == _state.chained):
-        threads.soon(_resend_signal)
+    if isinstance(exc, Stop) and _state.installed or isinstance(exc, SystemExit) and _raised_by_a_chained_handler(exc):
+        if not threads.soon(_resend_signal):
+            threads.alarm(time.monotonic(), _resend_signal)
         return None
     return wrapped(*args, **kwargs)
 

@@ -126,6 +126,34 @@ def test_without_the_shim_a_driver_whose_sigterm_unwind_is_lost_dies_of_rays_abo
     assert result.returncode == -signal.SIGABRT and "LOOP_ENDED" not in result.stdout, result
 
 
+def actor_sigterm_in_a_finalizer(jobs, holds, shim=True, **env):
+    """ray_actor_lost_unwind.py: (seconds from the SIGTERM until the actor's process ended, or None;
+    the actor's own stderr)."""
+    result = jobs.run("ray_actor_lost_unwind.py", holds, jobs.dir, shim=shim, env={**HUNG, **env}, timeout=180)
+    jobs.track_reported(result.stdout)
+    assert "ACTOR_STDERR" in result.stdout, result
+    gone = reported(result, "GONE")[0]
+    return (None if gone == "never" else float(gone)), result.stdout.split("ACTOR_STDERR")[1], result
+
+
+@pytest.mark.parametrize("holds", ["wandb", "nothing"])
+def test_an_actor_whose_sigterm_unwind_is_lost_still_ends_of_it(jobs, holds):
+    """Ray's handler unwinds an actor with SystemExit; raised inside a finalizer, Python drops it
+    ("Exception ignored in") and the actor runs on as if never signalled. With the shim it is raised
+    again once the finalizer is left: the actor ends (with its run torn down) and prints nothing."""
+    gone, actor_stderr, result = actor_sigterm_in_a_finalizer(jobs, holds)
+    assert gone is not None and gone < GRACE + LOAD_MARGIN, result
+    assert "Exception ignored" not in actor_stderr + result.stderr, result
+    if holds == "wandb":
+        assert [(steps, codes) for _, steps, codes in jobs.runs()] == [(list(range(5)), [143])], result
+
+
+@pytest.mark.baseline
+def test_without_the_shim_an_actor_whose_sigterm_unwind_is_lost_runs_on(jobs):
+    gone, actor_stderr, result = actor_sigterm_in_a_finalizer(jobs, "nothing", shim=False, WATCH_S=10)
+    assert gone is None and "Exception ignored" in actor_stderr, result
+
+
 def test_hung_actors_stay_alive_without_the_shim(cleanup):
     # Alive twice as long as the shim's bound: the symptom shown.
     result = run("ray_hung_actors.py", "off", shim=False, env={"WATCH_S": 2 * (GRACE + 2)}, timeout=120)

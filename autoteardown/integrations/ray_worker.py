@@ -139,13 +139,15 @@ def _on_process_started(wrapped, instance, args, kwargs):
 
 def _chain_sigterm_handler(wrapped, instance, args, kwargs):
     handler = args[0] if args else kwargs["sigterm_handler"]
-    return wrapped(functools.partial(_ask, handler))
+    return wrapped(functools.partial(_ask, signals.chain(handler)))
 
 
 def _ask(handler, signum, frame):
     if _state.done or not _state.asked and not registry.live():
         return handler(signum, frame)  # nothing of ours, or ours is done: Ray's way
     if _state.asked:
+        if _state.in_method and not _state.tearing:
+            return handler(signum, frame)  # the method's unwind was lost (a finalizer took it): again
         return  # another SIGTERM (a dying raylet's) while ours ends the actor: not into the teardown
     _defer_ray_abort()
     _state.stopped = True
