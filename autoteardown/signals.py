@@ -2,7 +2,9 @@
 
 1. The handler takes no lock and cannot block: it records the signal, wakes the helper
    thread (threads.py) and may raise. It is installed only over the default, in the main
-   thread; called by a handler that replaced it, it returns at once: that one decides.
+   thread; called by a handler that replaced it, it returns at once: that one decides. A
+   handler that runs nested in it (torch's SIGCHLD, as the workers die of the same group
+   SIGTERM) cannot stop it: what that raises is dropped.
 2. It unwinds the main thread once with `Stop`, SystemExit(128 + signum), so `finally`
    blocks run and locks are released; the exit hook (engine.py) tears down and the
    process dies of the signal, its status without the shim.
@@ -154,10 +156,16 @@ def _handler(signum: int, frame: object) -> None:
     # Each bytecode here is a point where a signal that comes meanwhile runs its handler nested in
     # this one: a group SIGTERM kills the DataLoader workers too, and torch's SIGCHLD handler would
     # report them. So the check is one C call, and on_sigterm (which takes them off its watch) first.
+    # What a nested handler raises before that is dropped (the SIGTERM ends the process, not it) and
+    # on_sigterm, cut short by it, runs again.
     if cpython.handler_of(signum) is not _handler:
         return  # called by the handler that replaced ours: it decides
-    if _state.on_sigterm is not None:
-        _state.on_sigterm(signum)
+    for _ in range(2 if _state.on_sigterm is not None else 0):
+        try:
+            _state.on_sigterm(signum)  # type: ignore[misc]
+            break
+        except Exception:
+            pass
     record(signum)
     threads.wake()
     if not _state.raised and not _state.exiting:

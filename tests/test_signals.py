@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers import LOAD_MARGIN, base_env, noise, python, tracebacks, wait_for_line, wait_gone, wait_session_gone
+from helpers import LOAD_MARGIN, ROOT, base_env, noise, python, tracebacks, wait_for_line, wait_gone, wait_session_gone
 
 TIMEOUT = 4  # AUTOTEARDOWN_TIMEOUT for these scripts
 STEPS = list(range(10))
@@ -92,6 +92,33 @@ def test_code_that_swallows_the_systemexit_is_ended_within_the_deadline(jobs):
     assert took < TIMEOUT + LOAD_MARGIN, result
     assert jobs.runs() == [("main", STEPS, [SIGTERM_CODE])], result
     assert_nothing_left(result)
+
+
+NESTED = """
+import os, signal
+from autoteardown import signals
+
+def sigchld_like(signum, frame):  # torch's SIGCHLD handler, reporting a worker the group SIGTERM killed
+    raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
+
+signal.signal(signal.SIGUSR1, sigchld_like)
+# What the engine does first in our handler; the worker's death lands meanwhile: a handler that
+# runs nested in ours, at its next bytecode.
+signals.install(lambda signum: signal.raise_signal(signal.SIGUSR1), lambda *args: None)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        pass
+except BaseException as exc:
+    print("UNWOUND:", type(exc).__name__, exc.args, signals.received() is not None)
+"""
+
+
+def test_a_handler_that_runs_nested_in_ours_does_not_stop_it():
+    # A group SIGTERM (torchrun, SLURM) kills the DataLoader workers with the process: torch's
+    # SIGCHLD handler can run nested in ours, and what it raises must not take the SIGTERM's place.
+    result = python(NESTED, shim=False, pythonpath=ROOT, timeout=60)
+    assert "UNWOUND: Stop (143,) True" in result.stdout, result
 
 
 def test_a_handler_chaining_to_ours_runs_its_own_code_and_decides(jobs):
